@@ -1,0 +1,112 @@
+"""The errors headrace raises, and the failures a handler may raise to steer its retry.
+
+HeadraceError
+├── ConfigError            bad configuration or input at an edge (also a ValueError)
+│   └── UnknownGate        a task names a gate no spec matches
+├── TaskFailure            raised by handlers and adapters: what went wrong with an attempt
+│   ├── RateLimited        retry later and penalise the gate (vendor said "slow down")
+│   ├── Transient          retry later (timeouts, 5xx, unknown vendor codes)
+│   └── Fatal              never retry (auth, balance, bad parameters, moderation)
+└── StoreError             the durable store refused an operation
+    ├── LeaseLost          the caller no longer owns the task (expired, re-claimed, cancelled)
+    ├── UnknownTask        no task with that id
+    └── QueueFull          a stage's waiting bound is reached and the producer asked to refuse
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class HeadraceError(Exception):
+    """Root of every error headrace raises."""
+
+
+class ConfigError(HeadraceError, ValueError):
+    """A configuration value or an input at an edge is invalid; the message names the field."""
+
+
+class UnknownGate(ConfigError):
+    def __init__(self, gate: str) -> None:
+        super().__init__(f"gates: no gate spec matches {gate!r}; declare it with app.gate()")
+        self.gate = gate
+
+
+class ErrorClass(enum.Enum):
+    """What a retry can do about a failure."""
+
+    RATE_LIMITED = "rate_limited"
+    TRANSIENT = "transient"
+    FATAL = "fatal"
+
+
+class TaskFailure(HeadraceError):
+    """A failed attempt. `code` is safe to store and show; `message` is redacted before storing."""
+
+    error_class: ErrorClass = ErrorClass.TRANSIENT
+
+    def __init__(self, message: str = "", *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code or type(self).__name__.lower()
+
+
+class RateLimited(TaskFailure):
+    """The provider refused for rate: retry after a backoff and halve the gate's rate for a while.
+
+    `retry_after` (seconds) is the earliest next attempt the provider asked for; `gate` names the
+    gate to penalise when it is not every rated gate of the task.
+    """
+
+    error_class = ErrorClass.RATE_LIMITED
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        code: str | None = None,
+        retry_after: float | None = None,
+        gate: str | None = None,
+    ) -> None:
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
+        self.gate = gate
+
+
+class Transient(TaskFailure):
+    """A failure a later attempt may not see: retried with backoff."""
+
+    error_class = ErrorClass.TRANSIENT
+
+
+class Fatal(TaskFailure):
+    """A failure no retry can fix: the task goes to the dead letters after one attempt."""
+
+    error_class = ErrorClass.FATAL
+
+
+class StoreError(HeadraceError):
+    """The store refused an operation."""
+
+
+class LeaseLost(StoreError):
+    """The worker's lease on a task expired or was superseded; its write was not applied."""
+
+    def __init__(self, task_id: int) -> None:
+        super().__init__(f"task {task_id}: lease lost (expired, re-claimed or cancelled)")
+        self.task_id = task_id
+
+
+class UnknownTask(StoreError):
+    def __init__(self, task_id: int) -> None:
+        super().__init__(f"task {task_id}: no such task")
+        self.task_id = task_id
+
+
+class QueueFull(StoreError):
+    """A stage's waiting bound is reached; the producer asked to be refused rather than wait."""
+
+    def __init__(self, kind: str, bound: int) -> None:
+        super().__init__(f"stage {kind!r}: {bound} tasks already waiting")
+        self.kind = kind
+        self.bound = bound

@@ -1,0 +1,216 @@
+"""Gates: a concurrency cap and a rate, asked before a task is dispatched, never waited on.
+
+The functions here are pure: they take a `GateConfig`, a `GateState` and `now`, and return a
+decision or a new state. The stores persist `GateState` and call these inside their claim
+transaction; `Gate` wraps them with a mutable state for in-process use.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from headrace.policy import rate as rating
+from headrace.policy.errors import ConfigError, UnknownGate
+from headrace.policy.rate import Rate
+
+TEMPLATE_SUFFIX = ":*"
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """What a gate admits. `name` may be a template like `session:*` (one gate per key).
+
+    `guard` lengthens how long each start counts, to absorb jitter between our clock and the
+    clock of whoever counts on the other side (a vendor counting arrivals).
+    """
+
+    name: str
+    concurrency: int | None = None
+    rate: Rate | None = None
+    guard: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.name or any(ch.isspace() for ch in self.name):
+            raise ConfigError(f"gate.name: expected a name without spaces, got {self.name!r}")
+        if "*" in self.name and not self.name.endswith(TEMPLATE_SUFFIX):
+            raise ConfigError(f"gate.name: a template ends in ':*', got {self.name!r}")
+        if self.concurrency is not None and (
+            isinstance(self.concurrency, bool) or self.concurrency < 1
+        ):
+            raise ConfigError(
+                f"gate {self.name}: concurrency must be a positive integer, "
+                f"got {self.concurrency!r}"
+            )
+        if self.guard < 0:
+            raise ConfigError(f"gate {self.name}: guard must be >= 0, got {self.guard!r}")
+
+    @property
+    def is_template(self) -> bool:
+        return self.name.endswith(TEMPLATE_SUFFIX)
+
+    @property
+    def counted_rate(self) -> Rate | None:
+        """The rate as the store counts it: the window lengthened by the guard."""
+        if self.rate is None or not self.guard:
+            return self.rate
+        return Rate(self.rate.n, per=self.rate.window + self.guard)
+
+    def for_key(self, name: str) -> GateConfig:
+        return replace(self, name=name)
+
+
+def resolve(name: str, configs: Mapping[str, GateConfig]) -> GateConfig:
+    """The config for gate `name`: an exact spec, else the template with the longest prefix."""
+    exact = configs.get(name)
+    if exact is not None:
+        return exact
+    prefix, sep, key = name.rpartition(":")
+    while sep:
+        template = configs.get(prefix + TEMPLATE_SUFFIX)
+        if template is not None and key:
+            return template.for_key(name)
+        prefix, sep, _ = prefix.rpartition(":")
+    raise UnknownGate(name)
+
+
+class Refusal(enum.Enum):
+    CONCURRENCY = "concurrency"
+    TOKEN = "token"
+
+
+@dataclass(frozen=True)
+class GateState:
+    in_flight: int = 0
+    starts: tuple[float, ...] = ()
+    penalized_until: float = -math.inf
+    granted: int = 0
+    blocked_by_token: int = 0
+    blocked_by_concurrency: int = 0
+    rate_limited: int = 0
+    peak_in_flight: int = 0
+    first_blocked_at: float | None = None
+
+
+@dataclass(frozen=True)
+class GateStatistics:
+    """A snapshot of one gate, for reports and metrics."""
+
+    name: str
+    concurrency: int | None
+    rate: Rate | None
+    granted: int
+    blocked_by_token: int
+    blocked_by_concurrency: int
+    rate_limited: int
+    in_flight: int
+    peak_in_flight: int
+    penalized_until: float | None
+    first_blocked_at: float | None = field(default=None)
+
+
+def check(config: GateConfig, state: GateState, now: float) -> Refusal | None:
+    """Why the gate would refuse a start at `now`, or None when it admits one."""
+    if config.concurrency is not None and state.in_flight >= config.concurrency:
+        return Refusal.CONCURRENCY
+    counted = config.counted_rate
+    if counted is not None and not rating.admits(counted, state.starts, now, state.penalized_until):
+        return Refusal.TOKEN
+    return None
+
+
+def grant(config: GateConfig, state: GateState, now: float) -> GateState:
+    """The state after a ticket is granted at `now` (the caller has checked first)."""
+    counted = config.counted_rate
+    starts = rating.record(counted, state.starts, now) if counted is not None else state.starts
+    in_flight = state.in_flight + 1
+    return replace(
+        state,
+        in_flight=in_flight,
+        starts=starts,
+        granted=state.granted + 1,
+        peak_in_flight=max(state.peak_in_flight, in_flight),
+    )
+
+
+def refuse(state: GateState, refusal: Refusal, now: float) -> GateState:
+    first = state.first_blocked_at if state.first_blocked_at is not None else now
+    if refusal is Refusal.TOKEN:
+        return replace(state, blocked_by_token=state.blocked_by_token + 1, first_blocked_at=first)
+    return replace(
+        state, blocked_by_concurrency=state.blocked_by_concurrency + 1, first_blocked_at=first
+    )
+
+
+def release(state: GateState, count: int = 1) -> GateState:
+    return replace(state, in_flight=max(0, state.in_flight - count))
+
+
+def penalize(config: GateConfig, state: GateState, now: float) -> GateState:
+    """A rate-limit response: count it, and halve the rate for the next two windows."""
+    penalized_until = state.penalized_until
+    if config.rate is not None:
+        penalized_until = rating.penalty_end(config.rate, now, state.penalized_until)
+    return replace(state, rate_limited=state.rate_limited + 1, penalized_until=penalized_until)
+
+
+def next_admission(config: GateConfig, state: GateState, now: float) -> float | None:
+    """When the rate next admits a start; None when only a released ticket can help."""
+    if config.concurrency is not None and state.in_flight >= config.concurrency:
+        return None
+    counted = config.counted_rate
+    if counted is None:
+        return now
+    return rating.next_admission(counted, state.starts, now, state.penalized_until)
+
+
+def statistics(config: GateConfig, state: GateState, now: float) -> GateStatistics:
+    penalized = state.penalized_until if state.penalized_until > now else None
+    return GateStatistics(
+        name=config.name,
+        concurrency=config.concurrency,
+        rate=config.rate,
+        granted=state.granted,
+        blocked_by_token=state.blocked_by_token,
+        blocked_by_concurrency=state.blocked_by_concurrency,
+        rate_limited=state.rate_limited,
+        in_flight=state.in_flight,
+        peak_in_flight=state.peak_in_flight,
+        penalized_until=penalized,
+        first_blocked_at=state.first_blocked_at,
+    )
+
+
+class Gate:
+    """One gate with its state in memory: non-blocking `try_acquire`, then `release`."""
+
+    def __init__(self, config: GateConfig) -> None:
+        self.config = config
+        self.state = GateState()
+
+    def try_acquire(self, now: float) -> bool:
+        refusal = check(self.config, self.state, now)
+        if refusal is not None:
+            self.state = refuse(self.state, refusal, now)
+            return False
+        self.state = grant(self.config, self.state, now)
+        return True
+
+    def release(self) -> None:
+        self.state = release(self.state)
+
+    def penalize(self, now: float) -> None:
+        self.state = penalize(self.config, self.state, now)
+
+    def next_admission(self, now: float) -> float | None:
+        return next_admission(self.config, self.state, now)
+
+    def statistics(self, now: float) -> GateStatistics:
+        return statistics(self.config, self.state, now)
+
+
+def rated(configs: Iterable[GateConfig]) -> list[str]:
+    """Names of the gates that carry a rate: the ones a rate-limit response penalises."""
+    return [config.name for config in configs if config.rate is not None]

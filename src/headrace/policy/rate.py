@@ -1,0 +1,75 @@
+"""A rate limit that keeps the whole burst and is exact in every sliding window.
+
+The state is the times of the last `n` starts. A start at `now` is allowed when fewer than the
+current capacity of them lie inside `(now - window, now]`; the capacity is `n`, or half of it
+(at least one) while a penalty runs. A reset-per-window bucket would let up to 2n through across
+a window boundary; counting the recent starts never does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from headrace.policy.durations import Duration, seconds
+from headrace.policy.errors import ConfigError
+
+PENALTY_WINDOWS = 2
+
+
+@dataclass(frozen=True, init=False)
+class Rate:
+    """`n` starts per `window` seconds: `Rate(20, per="1m")`, `Rate(10, per=6)`."""
+
+    n: int
+    window: float
+
+    def __init__(self, n: int, per: Duration = "1m") -> None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"rate.n: expected a positive integer, got {n!r}")
+        window = seconds(per, field="rate.per")
+        if window <= 0:
+            raise ConfigError(f"rate.per: the window must be longer than zero, got {per!r}")
+        object.__setattr__(self, "n", n)
+        object.__setattr__(self, "window", window)
+
+    def capacity(self, now: float, penalized_until: float) -> int:
+        """Starts allowed per window at `now`: half (at least one) while penalised."""
+        if now < penalized_until:
+            return max(1, self.n // 2)
+        return self.n
+
+
+def recent(starts: Sequence[float], window: float, now: float) -> int:
+    """How many of `starts` still count at `now`."""
+    return sum(1 for start in starts if start > now - window)
+
+
+def admits(rate: Rate, starts: Sequence[float], now: float, penalized_until: float) -> bool:
+    return recent(starts, rate.window, now) < rate.capacity(now, penalized_until)
+
+
+def record(rate: Rate, starts: Sequence[float], now: float) -> tuple[float, ...]:
+    """The start list after a start at `now`: only the newest `n` are ever needed."""
+    return (*sorted(starts), now)[-rate.n :]
+
+
+def next_admission(
+    rate: Rate, starts: Sequence[float], now: float, penalized_until: float
+) -> float:
+    """The earliest time at or after `now` when a start would be admitted."""
+    if admits(rate, starts, now, penalized_until):
+        return now
+    ordered = sorted(starts)
+    capacity = rate.capacity(now, penalized_until)
+    during_penalty = ordered[-capacity] + rate.window
+    if now < penalized_until:
+        full = ordered[-rate.n] + rate.window if len(ordered) >= rate.n else penalized_until
+        after_penalty = max(penalized_until, full)
+        return min(during_penalty, after_penalty)
+    return during_penalty
+
+
+def penalty_end(rate: Rate, now: float, penalized_until: float) -> float:
+    """A rate-limit signal halves the capacity for the next two windows (or extends the penalty)."""
+    return max(penalized_until, now + PENALTY_WINDOWS * rate.window)
