@@ -1,0 +1,95 @@
+"""The `Store` protocol: the durable state machine every backend implements.
+
+Every verb is one transaction. Time for leases, run_at and gate windows is the store's own clock
+(the database server's on PostgreSQL), so processes with skewed clocks agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from typing import Protocol
+
+from headrace.policy.gate import GateStatistics
+from headrace.store.types import (
+    Attempt,
+    ClaimResult,
+    GroupReport,
+    Lease,
+    NewTask,
+    Outcome,
+    Settings,
+    Submitted,
+    TaskRecord,
+    TaskState,
+)
+
+
+class Store(Protocol):
+    async def open(self, settings: Settings) -> None:
+        """Migrate the schema if needed and record the gate specs and settings."""
+        ...
+
+    async def close(self) -> None: ...
+
+    async def now(self) -> float:
+        """The store's clock."""
+        ...
+
+    async def submit(
+        self, tasks: Sequence[NewTask], *, bounds: Mapping[str, int] | None = None
+    ) -> list[Submitted]:
+        """Create tasks (all or none). A known `key` returns the existing task. With `bounds`,
+        raise QueueFull when a kind would have more than its bound of tasks pending or ready."""
+        ...
+
+    async def claim(
+        self, worker: str, limit: int, *, lease_for: float, kinds: Collection[str] | None = None
+    ) -> ClaimResult:
+        """Lease up to `limit` ready tasks in (tier, tag) order whose gates all admit them;
+        a refusing gate skips only its task. Expired leases are reaped first."""
+        ...
+
+    async def claim_polls(
+        self, worker: str, limit: int, *, lease_for: float, kinds: Collection[str] | None = None
+    ) -> ClaimResult:
+        """Lease up to `limit` waiting tasks whose next remote poll is due."""
+        ...
+
+    async def renew(self, leases: Sequence[Lease], *, lease_for: float) -> list[Lease | None]:
+        """Extend leases still held; None for each one lost."""
+        ...
+
+    async def finish(self, lease: Lease, outcome: Outcome) -> None:
+        """Record an attempt's outcome; raise LeaseLost if the lease is no longer held."""
+        ...
+
+    async def cancel(self, task_id: int) -> bool:
+        """Cancel a task that has no outcome yet, and the tasks that depend on it."""
+        ...
+
+    async def reap(self) -> int:
+        """Make tasks whose lease expired ready again (or dead when spent); return how many."""
+        ...
+
+    async def get(self, task_id: int) -> TaskRecord: ...
+
+    async def find(self, key: str) -> TaskRecord | None: ...
+
+    async def tasks(
+        self,
+        *,
+        group: str | None = None,
+        state: TaskState | None = None,
+        kind: str | None = None,
+        limit: int = 1000,
+    ) -> list[TaskRecord]: ...
+
+    async def attempts(self, task_id: int) -> list[Attempt]: ...
+
+    async def counts(self) -> dict[TaskState, int]: ...
+
+    async def groups(self) -> list[str]: ...
+
+    async def group_report(self, group: str) -> GroupReport: ...
+
+    async def gate_statistics(self) -> list[GateStatistics]: ...

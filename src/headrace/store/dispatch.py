@@ -1,0 +1,72 @@
+"""The dispatch decision, written once for every backend.
+
+A store opens its claim transaction, feeds candidates in `(tier, tag, id)` order to `GateBook`,
+and persists what the book changed. The book asks each candidate's gates; a refusing gate skips
+only that candidate (no head-of-line blocking), and a task is granted tickets on all of its gates
+or on none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from headrace.policy import gate as gating
+from headrace.policy.gate import GateConfig, GateState, Refusal
+
+
+@dataclass
+class GateBook:
+    """The gate states one claim transaction works on: loaded on first use, written back after."""
+
+    configs: Mapping[str, GateConfig]
+    load: Callable[[str], GateState]
+    now: float
+    states: dict[str, GateState] = field(default_factory=dict)
+    changed: set[str] = field(default_factory=set)
+    refused_keys: set[str] = field(default_factory=set)
+    token_refused: set[str] = field(default_factory=set)
+
+    def config(self, name: str) -> GateConfig:
+        return gating.resolve(name, self.configs)
+
+    def state(self, name: str) -> GateState:
+        if name not in self.states:
+            self.states[name] = self.load(name)
+        return self.states[name]
+
+    def admit(self, gates: Sequence[str]) -> bool:
+        """Grant a ticket on every gate in `gates`, or refuse (counting it) and grant none."""
+        for name in gates:
+            refusal = gating.check(self.config(name), self.state(name), self.now)
+            if refusal is not None:
+                self._refuse(name, refusal, gates)
+                return False
+        for name in gates:
+            self.states[name] = gating.grant(self.config(name), self.state(name), self.now)
+            self.changed.add(name)
+        return True
+
+    def _refuse(self, name: str, refusal: Refusal, gates: Sequence[str]) -> None:
+        self.states[name] = gating.refuse(self.state(name), refusal, self.now)
+        self.changed.add(name)
+        self.refused_keys.add(gate_key(gates))
+        if refusal is Refusal.TOKEN:
+            self.token_refused.add(name)
+
+    def wake_at(self) -> float | None:
+        """When a gate that refused for tokens in this claim admits again."""
+        times = [
+            gating.next_admission(self.config(name), self.state(name), self.now)
+            for name in self.token_refused
+        ]
+        return min((t for t in times if t is not None), default=None)
+
+
+def gate_key(gates: Iterable[str]) -> str:
+    return " ".join(sorted(gates))
+
+
+def earliest(*times: float | None) -> float | None:
+    present = [t for t in times if t is not None]
+    return min(present) if present else None

@@ -1,0 +1,518 @@
+"""`memory://`: the whole state machine in one process's memory, for tests and the simulator.
+
+It implements the same verbs with the same semantics as the SQL stores (the conformance suite
+holds them to it); its time is the running event loop's clock unless a clock is given.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import replace
+
+from headrace.policy import fairness
+from headrace.policy import gate as gating
+from headrace.policy.clock import Clock, LoopClock
+from headrace.policy.errors import ConfigError, ErrorClass, LeaseLost, QueueFull, UnknownTask
+from headrace.policy.gate import GateConfig, GateState, GateStatistics
+from headrace.policy.tiers import AGING_CEILING, aged_tier
+from headrace.store.dispatch import GateBook, earliest, gate_key
+from headrace.store.types import (
+    ACTIVE,
+    Attempt,
+    AttemptError,
+    AttemptOutcome,
+    AwaitRemote,
+    ClaimResult,
+    Dead,
+    Failure,
+    GroupReport,
+    Lease,
+    NewTask,
+    Outcome,
+    PollAgain,
+    Retry,
+    Settings,
+    Sibling,
+    Submitted,
+    Succeeded,
+    TaskRecord,
+    TaskState,
+)
+
+UPSTREAM_FAILED = "upstream_failed"
+LEASE_EXPIRED = "lease_expired"
+POISON = "poison_lease_expired"
+
+
+class MemoryStore:
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock: Clock = clock or LoopClock()
+        self.settings = Settings()
+        self._configs: dict[str, GateConfig] = {}
+        self._tasks: dict[int, TaskRecord] = {}
+        self._ids = itertools.count(1)
+        self._keys: dict[str, int] = {}
+        self._dependents: dict[int, set[int]] = defaultdict(set)
+        self._unmet: dict[int, int] = {}
+        self._tickets: dict[int, tuple[str, ...]] = {}
+        self._gates: dict[str, GateState] = {}
+        self._flow_finish: dict[str, float] = {}
+        self._virtual_time = 0.0
+        self._attempts: dict[int, list[Attempt]] = defaultdict(list)
+        self._ledger: dict[tuple[str, str], float] = defaultdict(float)
+
+    # -- lifecycle
+
+    async def open(self, settings: Settings) -> None:
+        self.settings = settings
+        self._configs = {config.name: config for config in settings.gates}
+
+    async def close(self) -> None:
+        return None
+
+    async def now(self) -> float:
+        return self.clock.now()
+
+    # -- submission
+
+    async def submit(
+        self, tasks: Sequence[NewTask], *, bounds: Mapping[str, int] | None = None
+    ) -> list[Submitted]:
+        now = self.clock.now()
+        self._check_batch(tasks, bounds or {})
+        return self._create(tasks, now)
+
+    def _check_batch(self, tasks: Sequence[NewTask], bounds: Mapping[str, int]) -> None:
+        for index, task in enumerate(tasks):
+            for name in task.gates:
+                gating.resolve(name, self._configs)
+            for dep in task.after:
+                if isinstance(dep, Sibling):
+                    if not 0 <= dep.index < index:
+                        raise ConfigError(f"task.after: sibling {dep.index} is not earlier")
+                elif dep not in self._tasks:
+                    raise UnknownTask(dep)
+        waiting = {TaskState.PENDING, TaskState.READY}
+        for kind, bound in bounds.items():
+            new = sum(1 for t in tasks if t.kind == kind and t.key not in self._keys)
+            if not new:
+                continue
+            queued = sum(1 for t in self._tasks.values() if t.kind == kind and t.state in waiting)
+            if queued + new > bound:
+                raise QueueFull(kind, bound)
+
+    def _create(self, tasks: Sequence[NewTask], now: float) -> list[Submitted]:
+        results: list[Submitted] = []
+        for task in tasks:
+            existing = self._keys.get(task.key) if task.key else None
+            if existing is not None:
+                results.append(Submitted(existing, created=False))
+                continue
+            after = [results[d.index].id if isinstance(d, Sibling) else d for d in task.after]
+            results.append(Submitted(self._insert(task, after, now), created=True))
+        return results
+
+    def _insert(self, task: NewTask, after: list[int], now: float) -> int:
+        task_id = next(self._ids)
+        tagged = fairness.tag(
+            self._virtual_time, self._flow_finish.get(task.flow, 0.0), task.weight
+        )
+        self._flow_finish[task.flow] = tagged.flow_finish
+        unmet = {d for d in after if self._tasks[d].state is not TaskState.SUCCEEDED}
+        failed = any(self._tasks[d].state in (TaskState.DEAD, TaskState.CANCELLED) for d in unmet)
+        state = TaskState.PENDING if unmet else TaskState.READY
+        record = TaskRecord(
+            id=task_id,
+            kind=task.kind,
+            ref=task.ref,
+            gates=tuple(task.gates),
+            flow=task.flow,
+            group=task.group,
+            tier=task.tier,
+            submitted_tier=task.tier,
+            cost=task.cost,
+            key=task.key,
+            state=state,
+            attempt=0,
+            max_attempts=task.max_attempts,
+            tag=tagged.start,
+            created_at=now,
+            run_at=now + task.delay,
+            ready_since=None if unmet else now,
+        )
+        self._tasks[task_id] = record
+        if task.key:
+            self._keys[task.key] = task_id
+        for dep in unmet:
+            self._dependents[dep].add(task_id)
+        self._unmet[task_id] = len(unmet)
+        if failed:
+            self._cancel_tree(task_id, now, UPSTREAM_FAILED)
+        return task_id
+
+    # -- claiming
+
+    async def claim(
+        self, worker: str, limit: int, *, lease_for: float, kinds: Collection[str] | None = None
+    ) -> ClaimResult:
+        now = self.clock.now()
+        self._reap(now)
+        self._age(now)
+        book = GateBook(self._configs, self._gate_state, now)
+        leases: list[Lease] = []
+        for task in self._candidates(now, kinds):
+            if len(leases) >= limit:
+                break
+            if gate_key(task.gates) in book.refused_keys or not book.admit(task.gates):
+                continue
+            leases.append(self._lease(task, worker, now, lease_for))
+        self._gates.update({name: book.states[name] for name in book.changed})
+        return ClaimResult(tuple(leases), now, earliest(book.wake_at(), self._next_run_at(now)))
+
+    def _gate_state(self, name: str) -> GateState:
+        return self._gates.get(name, GateState())
+
+    def _candidates(self, now: float, kinds: Collection[str] | None) -> Iterator[TaskRecord]:
+        ready = [
+            t
+            for t in self._tasks.values()
+            if t.state is TaskState.READY and t.run_at <= now and (kinds is None or t.kind in kinds)
+        ]
+        ready.sort(key=lambda t: (t.tier, t.tag, t.id))
+        return iter(ready)
+
+    def _next_run_at(self, now: float) -> float | None:
+        later = [
+            t.run_at for t in self._tasks.values() if t.state is TaskState.READY and t.run_at > now
+        ]
+        return min(later, default=None)
+
+    def _lease(self, task: TaskRecord, worker: str, now: float, lease_for: float) -> Lease:
+        self._virtual_time = fairness.advance(self._virtual_time, task.tag)
+        self._tickets[task.id] = task.gates
+        number = task.attempt + 1
+        record = replace(
+            task,
+            state=TaskState.RUNNING,
+            attempt=number,
+            worker=worker,
+            lease_until=now + lease_for,
+            lease_token=task.lease_token + 1,
+        )
+        self._tasks[task.id] = record
+        self._attempts[task.id].append(Attempt(task.id, number, worker, now))
+        return Lease(record, record.lease_token, now + lease_for)
+
+    def _age(self, now: float) -> None:
+        step = self.settings.aging_step
+        for task in list(self._tasks.values()):
+            if task.state is not TaskState.READY or task.tier <= AGING_CEILING:
+                continue
+            waited = now - (task.ready_since if task.ready_since is not None else now)
+            tier = aged_tier(task.tier, waited, step)
+            if tier != task.tier:
+                self._tasks[task.id] = replace(task, tier=tier, promoted_at=now)
+
+    async def claim_polls(
+        self, worker: str, limit: int, *, lease_for: float, kinds: Collection[str] | None = None
+    ) -> ClaimResult:
+        now = self.clock.now()
+        waiting = [t for t in self._tasks.values() if t.state is TaskState.WAITING]
+        due = sorted(
+            (
+                t
+                for t in waiting
+                if t.run_at <= now
+                and (t.lease_until is None or t.lease_until <= now)
+                and (kinds is None or t.kind in kinds)
+            ),
+            key=lambda t: (t.run_at, t.id),
+        )[:limit]
+        leases = []
+        for task in due:
+            record = replace(
+                task, worker=worker, lease_until=now + lease_for, lease_token=task.lease_token + 1
+            )
+            self._tasks[task.id] = record
+            leases.append(Lease(record, record.lease_token, now + lease_for))
+        later = [t.run_at for t in waiting if t.run_at > now]
+        return ClaimResult(tuple(leases), now, min(later, default=None))
+
+    # -- lease holders
+
+    async def renew(self, leases: Sequence[Lease], *, lease_for: float) -> list[Lease | None]:
+        now = self.clock.now()
+        renewed: list[Lease | None] = []
+        for lease in leases:
+            task = self._tasks.get(lease.task_id)
+            if task is None or not self._holds(task, lease, now):
+                renewed.append(None)
+                continue
+            record = replace(task, lease_until=now + lease_for)
+            self._tasks[task.id] = record
+            renewed.append(Lease(record, lease.token, now + lease_for))
+        return renewed
+
+    @staticmethod
+    def _holds(task: TaskRecord, lease: Lease, now: float) -> bool:
+        return (
+            task.state in (TaskState.RUNNING, TaskState.WAITING)
+            and task.lease_token == lease.token
+            and task.lease_until is not None
+            and task.lease_until > now
+        )
+
+    async def finish(self, lease: Lease, outcome: Outcome) -> None:
+        now = self.clock.now()
+        task = self._tasks.get(lease.task_id)
+        if task is None or not self._holds(task, lease, now):
+            raise LeaseLost(lease.task_id)
+        if isinstance(outcome, PollAgain):
+            if task.state is not TaskState.WAITING:
+                raise ConfigError("PollAgain: only a waiting task can be polled again")
+            self._tasks[task.id] = replace(
+                task, run_at=now + outcome.delay, lease_until=None, worker=None
+            )
+            return
+        if task.state is TaskState.WAITING and isinstance(outcome, AwaitRemote):
+            raise ConfigError("AwaitRemote: the task is already waiting on a remote job")
+        self._apply(task, outcome, now)
+
+    def _apply(self, task: TaskRecord, outcome: Outcome, now: float) -> None:
+        if isinstance(outcome, Succeeded):
+            self._succeed(task, outcome, now)
+        elif isinstance(outcome, Retry):
+            self._penalize(outcome.penalize, now)
+            self._end_attempt(task, now, AttemptOutcome.RETRY, outcome.error)
+            self._release(task.id)
+            self._tasks[task.id] = replace(
+                task,
+                state=TaskState.READY,
+                run_at=now + outcome.delay,
+                worker=None,
+                lease_until=None,
+                remote_id=None,
+                error_code=outcome.error.code,
+            )
+        elif isinstance(outcome, Dead):
+            self._penalize(outcome.penalize, now)
+            self._end_attempt(task, now, AttemptOutcome.DEAD, outcome.error)
+            self._bury(task, now, outcome.error.code)
+        elif isinstance(outcome, AwaitRemote):
+            self._end_attempt(task, now, AttemptOutcome.WAITING, None)
+            deadline = now + outcome.timeout if outcome.timeout is not None else None
+            self._tasks[task.id] = replace(
+                task,
+                state=TaskState.WAITING,
+                remote_id=outcome.remote_id,
+                poll_every=outcome.poll_every,
+                remote_deadline=deadline,
+                run_at=now + outcome.poll_every,
+                worker=None,
+                lease_until=None,
+            )
+
+    def _succeed(self, task: TaskRecord, outcome: Succeeded, now: float) -> None:
+        if task.state is TaskState.RUNNING:
+            self._end_attempt(task, now, AttemptOutcome.SUCCEEDED, None)
+        else:
+            self._close_remote_attempt(task, now, AttemptOutcome.SUCCEEDED, None)
+        self._release(task.id)
+        self._tasks[task.id] = replace(
+            task, state=TaskState.SUCCEEDED, finished_at=now, lease_until=None, error_code=None
+        )
+        units = outcome.cost if outcome.cost is not None else task.cost
+        self._ledger[(task.group or "", task.kind)] += units
+        self._create(outcome.successors, now)
+        for dependent in sorted(self._dependents.pop(task.id, set())):
+            self._unmet[dependent] -= 1
+            record = self._tasks[dependent]
+            if self._unmet[dependent] == 0 and record.state is TaskState.PENDING:
+                self._tasks[dependent] = replace(record, state=TaskState.READY, ready_since=now)
+
+    def _bury(self, task: TaskRecord, now: float, code: str) -> None:
+        self._release(task.id)
+        self._tasks[task.id] = replace(
+            task,
+            state=TaskState.DEAD,
+            finished_at=now,
+            worker=None,
+            lease_until=None,
+            error_code=code,
+        )
+        for dependent in sorted(self._dependents.pop(task.id, set())):
+            self._cancel_tree(dependent, now, UPSTREAM_FAILED)
+
+    def _end_attempt(
+        self, task: TaskRecord, now: float, outcome: AttemptOutcome, error: AttemptError | None
+    ) -> None:
+        history = self._attempts[task.id]
+        if task.state is TaskState.WAITING:
+            self._close_remote_attempt(task, now, outcome, error)
+            return
+        history[-1] = _ended(history[-1], now, outcome, error)
+
+    def _close_remote_attempt(
+        self, task: TaskRecord, now: float, outcome: AttemptOutcome, error: AttemptError | None
+    ) -> None:
+        history = self._attempts[task.id]
+        if history and history[-1].outcome is AttemptOutcome.WAITING:
+            history[-1] = _ended(history[-1], now, outcome, error)
+
+    def _release(self, task_id: int) -> None:
+        for name in self._tickets.pop(task_id, ()):
+            self._gates[name] = gating.release(self._gate_state(name))
+
+    def _penalize(self, names: Sequence[str], now: float) -> None:
+        for name in names:
+            config = gating.resolve(name, self._configs)
+            self._gates[name] = gating.penalize(config, self._gate_state(name), now)
+
+    # -- cancellation and reaping
+
+    async def cancel(self, task_id: int) -> bool:
+        task = self._tasks.get(task_id)
+        if task is None:
+            raise UnknownTask(task_id)
+        if task.state.terminal:
+            return False
+        self._cancel_tree(task_id, self.clock.now(), "cancelled")
+        return True
+
+    def _cancel_tree(self, task_id: int, now: float, code: str) -> None:
+        task = self._tasks[task_id]
+        if task.state.terminal:
+            return
+        if task.state in (TaskState.RUNNING, TaskState.WAITING):
+            self._close_remote_attempt(task, now, AttemptOutcome.CANCELLED, None)
+            if task.state is TaskState.RUNNING:
+                history = self._attempts[task_id]
+                history[-1] = _ended(history[-1], now, AttemptOutcome.CANCELLED, None)
+        self._release(task_id)
+        self._tasks[task_id] = replace(
+            task,
+            state=TaskState.CANCELLED,
+            finished_at=now,
+            worker=None,
+            lease_until=None,
+            error_code=code,
+        )
+        for dependent in sorted(self._dependents.pop(task_id, set())):
+            self._cancel_tree(dependent, now, UPSTREAM_FAILED)
+
+    async def reap(self) -> int:
+        return self._reap(self.clock.now())
+
+    def _reap(self, now: float) -> int:
+        expired = [
+            t
+            for t in self._tasks.values()
+            if t.state is TaskState.RUNNING and t.lease_until is not None and t.lease_until <= now
+        ]
+        for task in expired:
+            self._expire(task, now)
+        return len(expired)
+
+    def _expire(self, task: TaskRecord, now: float) -> None:
+        error = AttemptError.of(ErrorClass.TRANSIENT, LEASE_EXPIRED, "worker lost its lease")
+        history = self._attempts[task.id]
+        history[-1] = _ended(history[-1], now, AttemptOutcome.LEASE_EXPIRED, error)
+        expiries = task.expiries + 1
+        task = replace(task, expiries=expiries)
+        if expiries >= self.settings.poison_expiries or task.attempt >= task.max_attempts:
+            code = POISON if expiries >= self.settings.poison_expiries else LEASE_EXPIRED
+            self._bury(task, now, code)
+            return
+        self._release(task.id)
+        self._tasks[task.id] = replace(
+            task,
+            state=TaskState.READY,
+            run_at=now,
+            worker=None,
+            lease_until=None,
+            error_code=LEASE_EXPIRED,
+        )
+
+    # -- reading
+
+    async def get(self, task_id: int) -> TaskRecord:
+        task = self._tasks.get(task_id)
+        if task is None:
+            raise UnknownTask(task_id)
+        return task
+
+    async def find(self, key: str) -> TaskRecord | None:
+        task_id = self._keys.get(key)
+        return self._tasks[task_id] if task_id is not None else None
+
+    async def tasks(
+        self,
+        *,
+        group: str | None = None,
+        state: TaskState | None = None,
+        kind: str | None = None,
+        limit: int = 1000,
+    ) -> list[TaskRecord]:
+        found = (
+            t
+            for t in self._tasks.values()
+            if (group is None or t.group == group)
+            and (state is None or t.state is state)
+            and (kind is None or t.kind == kind)
+        )
+        return list(itertools.islice(found, limit))
+
+    async def attempts(self, task_id: int) -> list[Attempt]:
+        if task_id not in self._tasks:
+            raise UnknownTask(task_id)
+        return list(self._attempts.get(task_id, ()))
+
+    async def counts(self) -> dict[TaskState, int]:
+        counts = dict.fromkeys(TaskState, 0)
+        for task in self._tasks.values():
+            counts[task.state] += 1
+        return counts
+
+    async def groups(self) -> list[str]:
+        return sorted({t.group for t in self._tasks.values() if t.group is not None})
+
+    async def group_report(self, group: str) -> GroupReport:
+        members = [t for t in self._tasks.values() if t.group == group]
+        by_state = dict.fromkeys(TaskState, 0)
+        for task in members:
+            by_state[task.state] += 1
+        cost = {kind: units for (g, kind), units in self._ledger.items() if g == group}
+        failures = tuple(
+            Failure(t.id, t.kind, t.ref, t.error_code, t.attempt)
+            for t in members
+            if t.state is TaskState.DEAD
+        )
+        return GroupReport(group, len(members), by_state, dict(sorted(cost.items())), failures)
+
+    async def gate_statistics(self) -> list[GateStatistics]:
+        now = self.clock.now()
+        return [
+            gating.statistics(gating.resolve(name, self._configs), state, now)
+            for name, state in sorted(self._gates.items())
+        ]
+
+    def active(self) -> int:
+        return sum(1 for t in self._tasks.values() if t.state in ACTIVE)
+
+
+def _ended(
+    attempt: Attempt, now: float, outcome: AttemptOutcome, error: AttemptError | None
+) -> Attempt:
+    return replace(
+        attempt,
+        ended_at=now,
+        outcome=outcome,
+        error_class=error.error_class if error else None,
+        code=error.code if error else None,
+        message=error.message if error else None,
+    )
+
+
+__all__ = ["MemoryStore"]
