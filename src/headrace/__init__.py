@@ -1,0 +1,66 @@
+"""headrace: a durable scheduler for bursty media pipelines.
+
+import headrace as hr
+
+app = hr.App("sqlite:///studio.db")
+app.gate("provider:video", concurrency=2, rate=hr.Rate(20, per="1m"))
+"""
+
+from headrace.policy import (
+    ConfigError,
+    ErrorClass,
+    Fatal,
+    Gate,
+    GateConfig,
+    GateStatistics,
+    HeadraceError,
+    LeaseLost,
+    QueueFull,
+    Rate,
+    RateLimited,
+    RetryPolicy,
+    TaskFailure,
+    Tier,
+    Transient,
+)
+from headrace.runtime import (
+    App,
+    Context,
+    Pending,
+    RemoteWait,
+    Result,
+    TaskDefinition,
+    Worker,
+    consume_bounded,
+)
+from headrace.store.types import GroupReport, TaskRecord, TaskState
+
+__all__ = [
+    "App",
+    "ConfigError",
+    "Context",
+    "ErrorClass",
+    "Fatal",
+    "Gate",
+    "GateConfig",
+    "GateStatistics",
+    "GroupReport",
+    "HeadraceError",
+    "LeaseLost",
+    "Pending",
+    "QueueFull",
+    "Rate",
+    "RateLimited",
+    "RemoteWait",
+    "Result",
+    "RetryPolicy",
+    "TaskDefinition",
+    "TaskFailure",
+    "TaskRecord",
+    "TaskState",
+    "Tier",
+    "Transient",
+    "Worker",
+    "consume_bounded",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,19 @@
+"""The runtime: the app object, workers, and in-process bounded consumption."""
+
+from headrace.runtime.app import App, TaskDefinition
+from headrace.runtime.bounded import consume_bounded
+from headrace.runtime.context import Context
+from headrace.runtime.results import Pending, RemoteWait, Result
+from headrace.runtime.worker import Worker, WorkerStats
+
+__all__ = [
+    "App",
+    "Context",
+    "Pending",
+    "RemoteWait",
+    "Result",
+    "TaskDefinition",
+    "Worker",
+    "WorkerStats",
+    "consume_bounded",
+]

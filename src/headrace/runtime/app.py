@@ -1,0 +1,263 @@
+"""The application object: gates, task definitions and the store they share.
+
+Made by the user and handed to workers, the API and the CLI; nothing is global.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from headrace.policy import gate as gating
+from headrace.policy.clock import Clock
+from headrace.policy.durations import Duration, seconds
+from headrace.policy.errors import ConfigError, QueueFull
+from headrace.policy.gate import GateConfig
+from headrace.policy.rate import Rate
+from headrace.policy.retry import RetryPolicy
+from headrace.policy.tiers import Tier
+from headrace.runtime.context import Context
+from headrace.runtime.results import Pending, RemoteWait, Result
+from headrace.store.base import Store
+from headrace.store.types import NewTask, Settings, Sibling
+from headrace.store.urls import open_store
+
+HandlerResult = Result | RemoteWait | None
+Handler = Callable[[Context, str], Awaitable[HandlerResult] | HandlerResult]
+Poller = Callable[[Context, str], Awaitable[Result | Pending]]
+OnFull = Literal["wait", "refuse"]
+
+PRODUCER_WAIT_MIN = 0.05
+PRODUCER_WAIT_MAX = 1.0
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    gates: tuple[str, ...] = ()
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    tier: Tier = Tier.NORMAL
+    bound: int | None = None
+    on_full: OnFull = "wait"
+    cost: float = 1.0
+
+
+class TaskDefinition:
+    """A stage: its handler, gates, retry policy and waiting bound. Call `submit` to enqueue."""
+
+    def __init__(
+        self, app: App, name: str, handler: Handler, options: TaskOptions, poller: Poller | None
+    ) -> None:
+        self.app = app
+        self.name = name
+        self.handler = handler
+        self.options = options
+        self.poller = poller
+        self.is_async = inspect.iscoroutinefunction(handler)
+
+    def poll(self, poller: Poller) -> Poller:
+        """Decorator: how to check this task's remote job; used after restarts too."""
+        self.poller = poller
+        return poller
+
+    def spec(
+        self,
+        ref: str,
+        *,
+        group: str | None = None,
+        flow: str | None = None,
+        tier: Tier | str | None = None,
+        key: str | None = None,
+        after: Sequence[int | Sibling] = (),
+        cost: float | None = None,
+        delay: Duration = 0.0,
+        weight: float = 1.0,
+        gates: Sequence[str] = (),
+    ) -> NewTask:
+        """The task this stage would create; `{flow}` and `{group}` in gate names are filled in."""
+        flow = flow or group or self.name
+        fields = {"flow": flow, "group": group or "", "ref": ref}
+        names = [name.format(**fields) for name in (*self.options.gates, *gates)]
+        return NewTask(
+            kind=self.name,
+            ref=ref,
+            gates=tuple(dict.fromkeys(names)),
+            flow=flow,
+            group=group,
+            tier=Tier.parse(tier) if tier is not None else self.options.tier,
+            cost=self.options.cost if cost is None else cost,
+            key=key,
+            after=tuple(after),
+            max_attempts=self.options.retry.max_attempts,
+            delay=seconds(delay, field="delay"),
+            weight=weight,
+        )
+
+    async def submit(self, ref: str, **fields: object) -> int:
+        """Enqueue one task and return its id. With a waiting bound, wait for room (or raise
+        QueueFull when the stage refuses); an existing `key` returns the existing task's id."""
+        spec = self.spec(ref, **fields)  # type: ignore[arg-type]
+        [submitted] = await self.app.submit([spec])
+        return submitted
+
+
+class App:
+    """`App("sqlite:///studio.db")` or `App("memory://")`: declare gates and tasks, run workers."""
+
+    def __init__(
+        self,
+        url: str = "sqlite:///headrace.db",
+        *,
+        store: Store | None = None,
+        clock: Clock | None = None,
+        aging_step: Duration = "60s",
+        poison_expiries: int = 3,
+    ) -> None:
+        self.url = url
+        self._store = store
+        self._clock = clock
+        self.aging_step = seconds(aging_step, field="aging_step")
+        self.poison_expiries = poison_expiries
+        self.gates: dict[str, GateConfig] = {}
+        self.definitions: dict[str, TaskDefinition] = {}
+        self._opened: Store | None = None
+        self._opening = asyncio.Lock()
+        self._listeners: set[asyncio.Event] = set()
+
+    # -- declaration
+
+    def gate(
+        self,
+        name: str,
+        *,
+        concurrency: int | None = None,
+        rate: Rate | None = None,
+        guard: Duration = 0.0,
+    ) -> GateConfig:
+        """Declare a gate: a concurrency cap, a rate, or both. `session:*` makes one per key."""
+        if self._opened is not None:
+            raise ConfigError(f"gate {name}: declare gates before the app is opened")
+        config = GateConfig(name, concurrency, rate, seconds(guard, field="gate.guard"))
+        self.gates[name] = config
+        return config
+
+    def task(
+        self,
+        handler: Handler | None = None,
+        *,
+        name: str | None = None,
+        gates: Sequence[str] = (),
+        max_attempts: int | None = None,
+        retry: RetryPolicy | None = None,
+        tier: Tier | str = Tier.NORMAL,
+        bound: int | None = None,
+        on_full: OnFull = "wait",
+        cost: float = 1.0,
+        poll: Poller | None = None,
+    ) -> Callable[[Handler], TaskDefinition]:
+        """Decorator declaring a stage. `bound` caps its pending+ready tasks for producers."""
+        policy = retry or RetryPolicy()
+        if max_attempts is not None:
+            policy = RetryPolicy(max_attempts, policy.base, policy.factor, policy.jitter)
+        if bound is not None and bound < 1:
+            raise ConfigError(f"task.bound: expected a positive integer, got {bound!r}")
+        if on_full not in ("wait", "refuse"):
+            raise ConfigError(f"task.on_full: expected 'wait' or 'refuse', got {on_full!r}")
+        options = TaskOptions(tuple(gates), policy, Tier.parse(tier), bound, on_full, cost)
+
+        def register(fn: Handler) -> TaskDefinition:
+            kind = name or str(getattr(fn, "__name__", ""))
+            if not kind:
+                raise ConfigError("task.name: give the task a name")
+            if kind in self.definitions:
+                raise ConfigError(f"task.name: {kind!r} is already declared")
+            definition = TaskDefinition(self, kind, fn, options, poll)
+            self.definitions[kind] = definition
+            return definition
+
+        return register
+
+    def definition(self, kind: str) -> TaskDefinition:
+        try:
+            return self.definitions[kind]
+        except KeyError:
+            raise ConfigError(f"task.kind: no task named {kind!r} in this app") from None
+
+    def rated_gates(self, names: Sequence[str]) -> tuple[str, ...]:
+        """The gates among `names` that carry a rate: what a rate-limit response penalises."""
+        return tuple(n for n in names if gating.resolve(n, self.gates).rate is not None)
+
+    # -- the store
+
+    @property
+    def settings(self) -> Settings:
+        return Settings(tuple(self.gates.values()), self.aging_step, self.poison_expiries)
+
+    async def open(self) -> Store:
+        async with self._opening:
+            if self._opened is None:
+                store = self._store or open_store(self.url, clock=self._clock)
+                await store.open(self.settings)
+                self._opened = store
+        return self._opened
+
+    @property
+    def store(self) -> Store:
+        if self._opened is None:
+            raise ConfigError("app: not opened yet; `await app.open()` or `async with app`")
+        return self._opened
+
+    async def close(self) -> None:
+        if self._opened is not None:
+            await self._opened.close()
+            self._opened = None
+
+    async def __aenter__(self) -> App:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- submission
+
+    async def submit(self, specs: Sequence[NewTask]) -> list[int]:
+        """Enqueue tasks together (all or none), honouring each stage's waiting bound."""
+        store = await self.open()
+        bounds = self._bounds(specs)
+        refuse = any(self.definitions[s.kind].options.on_full == "refuse" for s in specs)
+        pause = PRODUCER_WAIT_MIN
+        while True:
+            try:
+                submitted = await store.submit(specs, bounds=bounds or None)
+            except QueueFull:
+                if refuse:
+                    raise
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, PRODUCER_WAIT_MAX)
+                continue
+            self.notify()
+            return [s.id for s in submitted]
+
+    def _bounds(self, specs: Sequence[NewTask]) -> dict[str, int]:
+        bounds: dict[str, int] = {}
+        for spec in specs:
+            bound = self.definition(spec.kind).options.bound
+            if bound is not None:
+                bounds[spec.kind] = bound
+        return bounds
+
+    # -- wake-ups within this process
+
+    def listen(self, event: asyncio.Event) -> None:
+        self._listeners.add(event)
+
+    def unlisten(self, event: asyncio.Event) -> None:
+        self._listeners.discard(event)
+
+    def notify(self) -> None:
+        """Something may have become claimable: wake this process's idle workers."""
+        for event in self._listeners:
+            event.set()

@@ -1,0 +1,73 @@
+"""The context a handler or poller receives."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from headrace.policy.durations import Duration, seconds
+from headrace.policy.tiers import Tier
+from headrace.runtime.results import RemoteWait
+from headrace.store.types import Lease, NewTask, Sibling, TaskRecord
+
+if TYPE_CHECKING:
+    from headrace.runtime.app import App, TaskDefinition
+
+
+@dataclass
+class Context:
+    """One attempt of one task. Successors made with `spawn` are created in the same transaction
+    as this attempt's outcome, and only if it succeeds."""
+
+    app: App
+    lease: Lease
+    worker: str
+    now: float
+    successors: list[NewTask] = field(default_factory=list)
+
+    @property
+    def task(self) -> TaskRecord:
+        return self.lease.task
+
+    @property
+    def attempt(self) -> int:
+        return self.lease.task.attempt
+
+    def spawn(
+        self,
+        definition: TaskDefinition | str,
+        ref: str,
+        *,
+        after: Sequence[Sibling | int] = (),
+        group: str | None = None,
+        flow: str | None = None,
+        tier: Tier | str | None = None,
+        key: str | None = None,
+        cost: float | None = None,
+    ) -> Sibling:
+        """A successor task; returns a handle that later successors can name in `after`.
+        Group, flow and tier default to this task's; the key defaults to one derived from this
+        task and the successor, so a successor is never created twice."""
+        target = self.app.definition(definition) if isinstance(definition, str) else definition
+        spec = target.spec(
+            ref,
+            group=group if group is not None else self.task.group,
+            flow=flow if flow is not None else self.task.flow,
+            tier=tier if tier is not None else self.task.submitted_tier,
+            key=key or f"{self.task.key or self.task.id}>{target.name}:{ref}",
+            cost=cost,
+        )
+        self.successors.append(replace(spec, after=tuple(after)))
+        return Sibling(len(self.successors) - 1)
+
+    def await_remote(
+        self, remote_id: str, *, every: Duration = "10s", timeout: Duration | None = None
+    ) -> RemoteWait:
+        """Return this from the handler: the task waits on `remote_id` without a worker slot,
+        keeping its gate tickets; the task's poller checks it every `every`."""
+        return RemoteWait(
+            remote_id=str(remote_id),
+            every=seconds(every, field="await_remote.every"),
+            timeout=None if timeout is None else seconds(timeout, field="await_remote.timeout"),
+        )

@@ -1,0 +1,396 @@
+"""The worker: claims for its free slots, runs handlers, renews leases, resolves remote waits.
+
+It never sleeps inside a slot: a task that must wait for tokens is simply not claimed (the store
+asks its gates first), a retry waits in the store with a `run_at`, and a remote job waits in the
+`waiting` state with its tickets but without a slot. Between claims the worker sleeps until the
+store's next known event (a run_at, a gate's next token) or until something in this process
+submits or finishes work, or at most `idle` seconds, which bounds how late it sees work from
+other processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import signal
+import socket
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from headrace.policy.durations import Duration, seconds
+from headrace.policy.errors import ConfigError, ErrorClass, LeaseLost, TaskFailure, Transient
+from headrace.policy.retry import Action
+from headrace.runtime.app import App, TaskDefinition
+from headrace.runtime.context import Context
+from headrace.runtime.results import Pending, RemoteWait, Result
+from headrace.store.types import (
+    ACTIVE,
+    AttemptError,
+    AwaitRemote,
+    ClaimResult,
+    Dead,
+    Lease,
+    Outcome,
+    PollAgain,
+    Retry,
+    Succeeded,
+    TaskState,
+)
+
+log = logging.getLogger("headrace.worker")
+
+INTERRUPTED = "interrupted"
+REMOTE_TIMEOUT = "remote_timeout"
+MIN_SLEEP = 0.001  # never spin when the store's next event is "now"
+
+
+@dataclass
+class WorkerStats:
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    dead: int = 0
+    remote_waits: int = 0
+    polls: int = 0
+    leases_lost: int = 0
+    peak_busy: int = 0
+
+
+class Worker:
+    """`slots` handlers at once; `poll_slots` remote-job checks at once."""
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        slots: int = 4,
+        poll_slots: int | None = None,
+        name: str | None = None,
+        lease: Duration = "30s",
+        idle: Duration = "0.5s",
+        grace: Duration = "30s",
+        seed: int | None = None,
+    ) -> None:
+        if isinstance(slots, bool) or slots < 1:
+            raise ConfigError(f"worker.slots: expected a positive integer, got {slots!r}")
+        self.app = app
+        self.slots = slots
+        self.poll_slots = poll_slots or slots
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.lease_for = seconds(lease, field="worker.lease")
+        self.idle = seconds(idle, field="worker.idle")
+        self.grace = seconds(grace, field="worker.grace")
+        self.rng = random.Random(seed)
+        self.stats = WorkerStats()
+        self._running: dict[int, asyncio.Task[None]] = {}
+        self._polling: dict[int, asyncio.Task[None]] = {}
+        self._leases: dict[int, Lease] = {}
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._crash: BaseException | None = None
+        self._fail_fast = False
+
+    # -- running
+
+    async def run(self, *, handle_signals: bool = False) -> None:
+        """Work until `stop()` (or SIGINT/SIGTERM with `handle_signals`), then shut down
+        gracefully: running handlers get `grace` seconds, the rest are released for others."""
+        restore = self._install_signals() if handle_signals else None
+        try:
+            await self._serve(until_idle=False)
+        finally:
+            if restore is not None:
+                restore()
+
+    async def drain(self, *, fail_fast: bool = True) -> WorkerStats:
+        """Work until no task is pending, ready, running or waiting. With `fail_fast`, an error
+        a handler raised that is not a TaskFailure is re-raised here (after it was recorded)."""
+        self._fail_fast = fail_fast
+        await self._serve(until_idle=True)
+        if self._crash is not None:
+            raise self._crash
+        return self.stats
+
+    def stop(self) -> None:
+        """Stop claiming; running tasks finish (or are released after the grace period)."""
+        self._stopping = True
+        self._wake.set()
+
+    async def _serve(self, *, until_idle: bool) -> None:
+        await self.app.open()
+        self.app.listen(self._wake)
+        renewer = asyncio.create_task(self._renew_forever(), name=f"{self.name}:renew")
+        try:
+            await self._loop(until_idle)
+        finally:
+            self.app.unlisten(self._wake)
+            await self._shutdown()
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
+
+    async def _loop(self, until_idle: bool) -> None:
+        while not self._stopping:
+            self._wake.clear()
+            wake_at, now = await self._fill()
+            if self._crash is not None and self._fail_fast:
+                return
+            if until_idle and not self._busy and await self._finished():
+                return
+            await self._sleep(wake_at, now)
+
+    @property
+    def _busy(self) -> bool:
+        return bool(self._running or self._polling)
+
+    async def _finished(self) -> bool:
+        counts = await self.app.store.counts()
+        return not any(counts[state] for state in ACTIVE)
+
+    async def _fill(self) -> tuple[float | None, float | None]:
+        store = self.app.store
+        kinds = list(self.app.definitions)
+        claimed = (
+            await store.claim(
+                self.name, self.slots - len(self._running), lease_for=self.lease_for, kinds=kinds
+            )
+            if len(self._running) < self.slots
+            else None
+        )
+        polls = (
+            await store.claim_polls(
+                self.name,
+                self.poll_slots - len(self._polling),
+                lease_for=self.lease_for,
+                kinds=kinds,
+            )
+            if len(self._polling) < self.poll_slots
+            else None
+        )
+        for lease in claimed.leases if claimed else ():
+            self._start(lease, self._running, self._execute)
+        for lease in polls.leases if polls else ():
+            self._start(lease, self._polling, self._poll)
+        self.stats.claimed += len(claimed.leases) if claimed else 0
+        self.stats.peak_busy = max(self.stats.peak_busy, len(self._running))
+        return _earliest(claimed, polls), _now(claimed, polls)
+
+    def _start(
+        self,
+        lease: Lease,
+        registry: dict[int, asyncio.Task[None]],
+        body: Callable[[Lease], Coroutine[Any, Any, None]],
+    ) -> None:
+        self._leases[lease.task_id] = lease
+        task = asyncio.create_task(body(lease), name=f"task-{lease.task_id}")
+        registry[lease.task_id] = task
+
+        def done(_: asyncio.Task[None]) -> None:
+            registry.pop(lease.task_id, None)
+            self._leases.pop(lease.task_id, None)
+            self._wake.set()
+
+        task.add_done_callback(done)
+
+    async def _sleep(self, wake_at: float | None, now: float | None) -> None:
+        delay = self.idle
+        if wake_at is not None and now is not None:
+            delay = min(delay, max(MIN_SLEEP, wake_at - now))
+        if self._wake.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await self._wake.wait()
+
+    # -- one attempt
+
+    async def _execute(self, lease: Lease) -> None:
+        definition = self.app.definition(lease.task.kind)
+        ctx = Context(self.app, lease, self.name, await self.app.store.now())
+        try:
+            returned = await self._call(definition, ctx)
+            outcome = self._outcome(ctx, returned)
+        except TaskFailure as failure:
+            outcome = self._failed(lease, definition, failure)
+        except asyncio.CancelledError:
+            await self._release(lease)
+            raise
+        except Exception as error:  # a handler bug: retried like a transient failure
+            self._note_crash(error)
+            outcome = self._failed(lease, definition, _unexpected(error))
+        await self._finish(lease, outcome)
+
+    @staticmethod
+    async def _call(definition: TaskDefinition, ctx: Context) -> object:
+        if definition.is_async:
+            return await definition.handler(ctx, ctx.task.ref)  # type: ignore[misc]
+        return await asyncio.to_thread(definition.handler, ctx, ctx.task.ref)
+
+    def _outcome(self, ctx: Context, returned: object) -> Outcome:
+        if isinstance(returned, RemoteWait):
+            if ctx.successors:
+                raise ConfigError("spawn: successors of a remote wait are made by its poller")
+            self.stats.remote_waits += 1
+            return AwaitRemote(returned.remote_id, returned.every, returned.timeout)
+        if returned is not None and not isinstance(returned, Result):
+            raise ConfigError(
+                f"task {ctx.task.kind}: a handler returns None, Result or ctx.await_remote(...),"
+                f" not {type(returned).__name__}"
+            )
+        self.stats.succeeded += 1
+        cost = returned.cost if isinstance(returned, Result) else None
+        return Succeeded(cost=cost, successors=tuple(ctx.successors))
+
+    def _failed(self, lease: Lease, definition: TaskDefinition, failure: TaskFailure) -> Outcome:
+        retry_after = getattr(failure, "retry_after", None)
+        decision = definition.options.retry.decide(
+            lease.task.attempt, failure.error_class, self.rng, retry_after
+        )
+        error = AttemptError.of(failure.error_class, failure.code, failure.message)
+        penalize = self._penalized(lease, failure) if decision.penalize else ()
+        log.info(
+            "task %s %s attempt %d failed: %s (%s) -> %s",
+            lease.task_id,
+            lease.task.kind,
+            lease.task.attempt,
+            error.code,
+            failure.error_class.value,
+            decision.action.value,
+        )
+        if decision.action is Action.DEAD:
+            self.stats.dead += 1
+            return Dead(error, penalize)
+        self.stats.retried += 1
+        return Retry(error, decision.delay, penalize)
+
+    def _penalized(self, lease: Lease, failure: TaskFailure) -> tuple[str, ...]:
+        named = getattr(failure, "gate", None)
+        if named is not None and named in lease.task.gates:
+            return (named,)
+        return self.app.rated_gates(lease.task.gates)
+
+    async def _finish(self, lease: Lease, outcome: Outcome) -> None:
+        try:
+            await self.app.store.finish(self._leases.get(lease.task_id, lease), outcome)
+        except LeaseLost:
+            self.stats.leases_lost += 1
+            log.warning("task %s: lease lost before its outcome was recorded", lease.task_id)
+            return
+        self.app.notify()
+
+    async def _release(self, lease: Lease) -> None:
+        """Hand an interrupted task back at once (shutdown), without waiting for its lease."""
+        error = AttemptError.of(ErrorClass.TRANSIENT, INTERRUPTED, "worker shut down")
+        outcome: Outcome = Retry(error, delay=0.0)
+        if lease.task.state is TaskState.WAITING:
+            outcome = PollAgain(0.0)
+        with contextlib.suppress(LeaseLost):
+            await asyncio.shield(
+                self.app.store.finish(self._leases.get(lease.task_id, lease), outcome)
+            )
+
+    def _note_crash(self, error: BaseException) -> None:
+        log.exception("handler raised %s", type(error).__name__, exc_info=error)
+        if self._crash is None:
+            self._crash = error
+
+    # -- remote waits
+
+    async def _poll(self, lease: Lease) -> None:
+        definition = self.app.definition(lease.task.kind)
+        ctx = Context(self.app, lease, self.name, await self.app.store.now())
+        self.stats.polls += 1
+        try:
+            outcome = await self._check_remote(definition, ctx)
+        except TaskFailure as failure:
+            outcome = self._failed(lease, definition, failure)
+        except asyncio.CancelledError:
+            await self._release(lease)
+            raise
+        except Exception as error:
+            self._note_crash(error)
+            outcome = self._failed(lease, definition, _unexpected(error))
+        await self._finish(lease, outcome)
+
+    async def _check_remote(self, definition: TaskDefinition, ctx: Context) -> Outcome:
+        task = ctx.task
+        if task.remote_deadline is not None and ctx.now >= task.remote_deadline:
+            raise Transient("the remote job outlived its timeout", code=REMOTE_TIMEOUT)
+        if definition.poller is None or task.remote_id is None:
+            raise ConfigError(f"task {task.kind}: awaits a remote job but has no poller")
+        answer = await definition.poller(ctx, task.remote_id)
+        if isinstance(answer, Pending):
+            return PollAgain(answer.after if answer.after is not None else task.poll_every or 1.0)
+        self.stats.succeeded += 1
+        return Succeeded(cost=answer.cost, successors=tuple(ctx.successors))
+
+    # -- leases
+
+    async def _renew_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_for / 3)
+            leases = list(self._leases.values())
+            if not leases:
+                continue
+            renewed = await self.app.store.renew(leases, lease_for=self.lease_for)
+            for old, new in zip(leases, renewed, strict=True):
+                if new is None:
+                    self._lost(old)
+                elif old.task_id in self._leases:
+                    self._leases[old.task_id] = new
+
+    def _lost(self, lease: Lease) -> None:
+        """Another worker owns the task now: stop working on it here."""
+        self.stats.leases_lost += 1
+        log.warning("task %s: lease lost; abandoning the attempt", lease.task_id)
+        for registry in (self._running, self._polling):
+            running = registry.get(lease.task_id)
+            if running is not None:
+                running.cancel()
+
+    # -- shutdown
+
+    async def _shutdown(self) -> None:
+        pending = [*self._running.values(), *self._polling.values()]
+        if not pending:
+            return
+        _, late = await asyncio.wait(pending, timeout=self.grace)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+
+    def _install_signals(self) -> Callable[[], None]:
+        loop = asyncio.get_running_loop()
+        signals = (signal.SIGINT, signal.SIGTERM)
+
+        def on_signal() -> None:
+            if self._stopping:  # a second signal: do not wait for the grace period
+                self.grace = 0.0
+            self.stop()
+
+        for sig in signals:
+            loop.add_signal_handler(sig, on_signal)
+
+        def restore() -> None:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+
+        return restore
+
+
+def _unexpected(error: Exception) -> TaskFailure:
+    return Transient(f"{type(error).__name__}: {error}", code=type(error).__name__.lower())
+
+
+def _earliest(*results: ClaimResult | None) -> float | None:
+    times = [r.wake_at for r in results if r is not None and r.wake_at is not None]
+    return min(times, default=None)
+
+
+def _now(*results: ClaimResult | None) -> float | None:
+    return next((r.now for r in results if r is not None), None)

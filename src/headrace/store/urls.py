@@ -1,0 +1,33 @@
+"""Open a store from a URL: `memory://`, `sqlite:///relative.db`, `sqlite:////absolute.db`."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from headrace.policy.clock import Clock
+from headrace.policy.errors import ConfigError
+from headrace.store.base import Store
+
+
+def sqlite_path(url: str) -> str:
+    """The file path in a `sqlite:///...` URL (three slashes: relative; four: absolute)."""
+    prefix = "sqlite:///"
+    if not url.startswith(prefix) or len(url) == len(prefix):
+        raise ConfigError(f"store url: expected sqlite:///path/to/file.db, got {url!r}")
+    return url[len(prefix) :]
+
+
+def open_store(url: str, *, clock: Clock | None = None) -> Store:
+    """A store for `url`; the store is opened later with `Store.open(settings)`."""
+    scheme = urlsplit(url).scheme
+    if scheme == "memory":
+        from headrace.store.memory import MemoryStore
+
+        return MemoryStore(clock)
+    if scheme == "sqlite":
+        from headrace.store.sqlite import SQLiteStore
+
+        return SQLiteStore(sqlite_path(url), clock=clock)
+    raise ConfigError(
+        f"store url: unknown scheme {scheme!r} in {url!r}; use memory:// or sqlite:///file.db"
+    )

@@ -1,0 +1,343 @@
+"""The worker on the virtual clock, over the memory store."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+import headrace as hr
+from headrace.store.types import AttemptOutcome, TaskState
+
+pytestmark = pytest.mark.anyio
+
+
+def now() -> float:
+    return asyncio.get_running_loop().time()
+
+
+def max_in_any_window(starts: list[float], window: float) -> int:
+    ordered = sorted(starts)
+    return max(
+        (sum(1 for t in ordered if s <= t < s + window) for s in ordered),
+        default=0,
+    )
+
+
+async def test_drain_runs_a_fan_out_with_successors_once() -> None:
+    app = hr.App("memory://")
+    made: list[str] = []
+
+    @app.task()
+    async def script(ctx: hr.Context, ref: str) -> None:
+        shots = [ctx.spawn(shot, f"{ref}/s{i}") for i in range(3)]
+        ctx.spawn(assemble, ref, after=shots)
+
+    @app.task()
+    async def shot(ctx: hr.Context, ref: str) -> hr.Result:
+        made.append(ref)
+        return hr.Result(cost=2.0)
+
+    @app.task()
+    def assemble(ctx: hr.Context, ref: str) -> None:  # sync: runs in a thread
+        made.append(f"assembled {ref}")
+
+    async with app:
+        await script.submit("ep1", group="ep1")
+        await hr.Worker(app, slots=2, seed=1).drain()
+        report = await app.store.group_report("ep1")
+    assert made[-1] == "assembled ep1"
+    assert sorted(made[:3]) == ["ep1/s0", "ep1/s1", "ep1/s2"]
+    assert report.succeeded == report.total == 5
+    assert report.cost == {"assemble": 1.0, "script": 1.0, "shot": 6.0}
+
+
+async def test_gates_hold_their_cap_and_every_sliding_window() -> None:
+    app = hr.App("memory://")
+    app.gate("provider:image", concurrency=2, rate=hr.Rate(5, per="6s"))
+    starts: list[float] = []
+    active = peak = 0
+
+    @app.task(gates=["provider:image"])
+    async def image(ctx: hr.Context, ref: str) -> None:
+        nonlocal active, peak
+        starts.append(now())
+        active += 1
+        peak = max(peak, active)
+        await asyncio.sleep(0.4)
+        active -= 1
+
+    async with app:
+        for i in range(23):
+            await image.submit(f"img{i}")
+        began = now()
+        await hr.Worker(app, slots=6).drain()
+        [stats] = await app.store.gate_statistics()
+    assert peak == 2
+    assert max_in_any_window(starts, 6.0) == 5
+    assert now() - began < 6.0 * 4 + 1.0  # the burst is kept: 5 per window from t=0
+    assert stats.blocked_by_token > 0
+    assert stats.peak_in_flight == 2
+
+
+async def test_a_refused_gate_never_blocks_a_task_whose_gate_has_room() -> None:
+    """The head-of-line trap: every slot's candidates wait on an exhausted video gate."""
+    app = hr.App("memory://")
+    app.gate("provider:video", concurrency=3, rate=hr.Rate(3, per="60s"))
+    app.gate("provider:image", concurrency=2, rate=hr.Rate(10, per="60s"))
+    started: dict[str, float] = {}
+
+    @app.task(gates=["provider:video"])
+    async def video(ctx: hr.Context, ref: str) -> None:
+        started[ref] = now()
+        await asyncio.sleep(1.0)
+
+    @app.task(gates=["provider:image"])
+    async def image(ctx: hr.Context, ref: str) -> None:
+        started[ref] = now()
+        await asyncio.sleep(1.0)
+
+    async with app:
+        begin = now()
+        for i in range(12):
+            await video.submit(f"v{i}", tier="rush")
+        await image.submit("img", tier="low")
+        worker = hr.Worker(app, slots=3)
+        run = asyncio.create_task(worker.run())
+        await asyncio.sleep(2.0)
+        assert started["img"] - begin < 1.5  # it ran as soon as a slot was free
+        assert sorted(r for r in started if r.startswith("v")) == ["v0", "v1", "v2"]
+        assert worker.stats.peak_busy == 3
+        worker.stop()
+        await run
+
+
+async def test_retry_backoff_has_jitter_and_never_holds_a_slot() -> None:
+    app = hr.App("memory://")
+    attempts: dict[str, list[float]] = {}
+
+    @app.task(max_attempts=4)
+    async def flaky(ctx: hr.Context, ref: str) -> None:
+        attempts.setdefault(ref, []).append(now())
+        if ctx.attempt < 3:
+            raise hr.Transient("try again", code="upstream_503")
+
+    @app.task()
+    async def steady(ctx: hr.Context, ref: str) -> None:
+        attempts.setdefault(ref, []).append(now())
+        await asyncio.sleep(0.05)
+
+    async with app:
+        for i in range(4):
+            await flaky.submit(f"f{i}")
+        for i in range(20):
+            await steady.submit(f"s{i}")
+        await hr.Worker(app, slots=1, seed=7).drain()
+        history = await app.store.attempts(1)
+    gaps = [b - a for a, b in zip(attempts["f0"], attempts["f0"][1:], strict=False)]
+    assert 0.3 * 0.7 <= gaps[0] <= 0.3 * 1.3 + 0.1
+    assert 0.6 * 0.7 <= gaps[1] <= 0.6 * 1.3 + 0.1
+    first_gaps = {round(attempts[f"f{i}"][1] - attempts[f"f{i}"][0], 6) for i in range(4)}
+    assert len(first_gaps) > 1  # jittered, not in lockstep
+    steady_starts = sorted(attempts[f"s{i}"][0] for i in range(20))
+    assert steady_starts[0] < attempts["f0"][1]  # the slot served others during the backoff
+    assert [a.outcome for a in history] == [
+        AttemptOutcome.RETRY,
+        AttemptOutcome.RETRY,
+        AttemptOutcome.SUCCEEDED,
+    ]
+
+
+async def test_a_rate_limited_attempt_penalises_its_gate_and_succeeds_later() -> None:
+    app = hr.App("memory://")
+    app.gate("provider:speech", concurrency=3, rate=hr.Rate(20, per="6s"))
+    app.gate("session:*", concurrency=5)
+    calls = 0
+
+    @app.task(gates=["provider:speech", "session:{flow}"])
+    async def speech(ctx: hr.Context, ref: str) -> None:
+        nonlocal calls
+        calls += 1
+        if calls <= 2:
+            raise hr.RateLimited("1002", code="minimax_1002")
+
+    async with app:
+        for i in range(5):
+            await speech.submit(f"line{i}", flow="ep1")
+        await hr.Worker(app, slots=3, seed=3).drain()
+        stats = {s.name: s for s in await app.store.gate_statistics()}
+        states = {t.state for t in await app.store.tasks()}
+    assert stats["provider:speech"].rate_limited == 2
+    assert stats["session:ep1"].rate_limited == 0
+    assert states == {TaskState.SUCCEEDED}
+
+
+async def test_a_never_retry_error_is_tried_once() -> None:
+    app = hr.App("memory://")
+    tries = 0
+
+    @app.task(max_attempts=5)
+    async def charge(ctx: hr.Context, ref: str) -> None:
+        nonlocal tries
+        tries += 1
+        raise hr.Fatal("insufficient balance", code="minimax_1008")
+
+    async with app:
+        task_id = await charge.submit("x")
+        await hr.Worker(app).drain()
+        record = await app.store.get(task_id)
+    assert tries == 1
+    assert record.state is TaskState.DEAD
+    assert record.error_code == "minimax_1008"
+
+
+async def test_a_remote_wait_frees_the_slot_and_keeps_the_ticket() -> None:
+    app = hr.App("memory://")
+    app.gate("provider:video", concurrency=1)
+    log: list[tuple[str, float]] = []
+    polls = 0
+
+    async def check(ctx: hr.Context, remote_id: str) -> hr.Result | hr.Pending:
+        nonlocal polls
+        polls += 1
+        log.append((f"poll {remote_id}", now()))
+        return hr.Result(cost=6.0) if polls % 3 == 0 else hr.Pending()
+
+    @app.task(gates=["provider:video"], poll=check)
+    async def clip(ctx: hr.Context, ref: str) -> hr.RemoteWait:
+        log.append((f"submit {ref}", now()))
+        return ctx.await_remote(f"job-{ref}", every="10s")
+
+    @app.task()
+    async def script(ctx: hr.Context, ref: str) -> None:
+        log.append((f"script {ref}", now()))
+        await asyncio.sleep(5.0)
+
+    async with app:
+        await clip.submit("a", group="ep")
+        await clip.submit("b", group="ep")
+        await script.submit("x")
+        await hr.Worker(app, slots=1).drain()
+        report = await app.store.group_report("ep")
+    events = [name for name, _ in log]
+    assert events[:2] == ["submit a", "script x"]  # the slot went to the script at once
+    assert events.index("submit b") > events.index("poll job-a") > 0
+    submit_b = dict(log)["submit b"]
+    assert submit_b >= 30.0  # b's ticket waited for a's remote job, three polls of 10 s
+    assert report.cost == {"clip": 12.0}
+
+
+async def test_drain_reraises_a_handler_bug_after_recording_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = hr.App("memory://")
+
+    @app.task(max_attempts=1)
+    async def buggy(ctx: hr.Context, ref: str) -> None:
+        raise ZeroDivisionError("oops")
+
+    caplog.set_level(logging.CRITICAL, logger="headrace.worker")
+    async with app:
+        task_id = await buggy.submit("x")
+        with pytest.raises(ZeroDivisionError):
+            await hr.Worker(app).drain()
+        record = await app.store.get(task_id)
+    assert record.state is TaskState.DEAD
+    assert record.error_code == "zerodivisionerror"
+
+
+async def test_renewals_keep_a_long_task_its_lease() -> None:
+    app = hr.App("memory://")
+
+    @app.task()
+    async def long(ctx: hr.Context, ref: str) -> None:
+        await asyncio.sleep(100.0)
+
+    async with app:
+        task_id = await long.submit("x")
+        await hr.Worker(app, lease="3s").drain()
+        record = await app.store.get(task_id)
+    assert record.state is TaskState.SUCCEEDED
+    assert record.attempt == 1
+
+
+async def test_stop_lets_running_tasks_finish() -> None:
+    app = hr.App("memory://")
+    finished: list[str] = []
+
+    @app.task()
+    async def work(ctx: hr.Context, ref: str) -> None:
+        await asyncio.sleep(5.0)
+        finished.append(ref)
+
+    async with app:
+        for i in range(4):
+            await work.submit(f"w{i}")
+        worker = hr.Worker(app, slots=2)
+        run = asyncio.create_task(worker.run())
+        await asyncio.sleep(1.0)
+        worker.stop()
+        await run
+        counts = await app.store.counts()
+    assert sorted(finished) == ["w0", "w1"]
+    assert counts[TaskState.READY] == 2
+    assert counts[TaskState.RUNNING] == 0
+
+
+async def test_past_the_grace_period_running_tasks_are_released() -> None:
+    app = hr.App("memory://")
+
+    @app.task()
+    async def stuck(ctx: hr.Context, ref: str) -> None:
+        await asyncio.sleep(3600.0)
+
+    async with app:
+        task_id = await stuck.submit("x")
+        worker = hr.Worker(app, grace="2s")
+        run = asyncio.create_task(worker.run())
+        await asyncio.sleep(1.0)
+        worker.stop()
+        await run
+        record = await app.store.get(task_id)
+    assert record.state is TaskState.READY
+    assert record.error_code == "interrupted"
+
+
+async def test_a_bounded_stage_refuses_or_makes_the_producer_wait() -> None:
+    app = hr.App("memory://")
+
+    @app.task(bound=2, on_full="refuse")
+    async def scan(ctx: hr.Context, ref: str) -> None:
+        await asyncio.sleep(1.0)
+
+    @app.task(bound=2)
+    async def derive(ctx: hr.Context, ref: str) -> None:
+        await asyncio.sleep(1.0)
+
+    async with app:
+        await scan.submit("a")
+        await scan.submit("b")
+        with pytest.raises(hr.QueueFull):
+            await scan.submit("c")
+        worker = asyncio.create_task(hr.Worker(app, slots=1).drain())
+        submitted_at = []
+        for i in range(5):
+            await derive.submit(f"d{i}")
+            submitted_at.append(now())
+        await worker
+    assert submitted_at[-1] >= 2.0  # the producer waited for the stage to drain
+
+
+async def test_a_wrong_return_value_is_a_clear_error(caplog: pytest.LogCaptureFixture) -> None:
+    app = hr.App("memory://")
+
+    @app.task(max_attempts=1)
+    async def odd(ctx: hr.Context, ref: str) -> hr.Result:
+        return "done"  # type: ignore[return-value]
+
+    caplog.set_level(logging.CRITICAL, logger="headrace.worker")
+    async with app:
+        await odd.submit("x")
+        with pytest.raises(hr.ConfigError, match="returns None, Result"):
+            await hr.Worker(app).drain()
