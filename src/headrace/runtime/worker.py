@@ -281,6 +281,9 @@ class Worker:
             self.stats.leases_lost += 1
             log.warning("task %s: lease lost before its outcome was recorded", lease.task_id)
             return
+        finally:
+            # Renewals stop here, not when the asyncio task's done-callback runs later.
+            self._leases.pop(lease.task_id, None)
         self.app.notify()
 
     async def _release(self, lease: Lease) -> None:
@@ -339,9 +342,11 @@ class Worker:
                 continue
             renewed = await self.app.store.renew(leases, lease_for=self.lease_for)
             for old, new in zip(leases, renewed, strict=True):
+                if old.task_id not in self._leases:
+                    continue  # finished while the renewal was in flight
                 if new is None:
                     self._lost(old)
-                elif old.task_id in self._leases:
+                else:
                     self._leases[old.task_id] = new
 
     def _lost(self, lease: Lease) -> None:
