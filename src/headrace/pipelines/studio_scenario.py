@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 from headrace.pipelines.providers import MiniMaxClient
 from headrace.pipelines.providersim import Latency
@@ -21,7 +22,7 @@ from headrace.policy.tiers import Tier
 from headrace.runtime.app import App
 from headrace.runtime.worker import Worker, WorkerStats
 from headrace.store.base import Store
-from headrace.store.types import GroupReport, TaskRecord
+from headrace.store.types import Attempt, AttemptOutcome, GroupReport, TaskRecord
 
 POSTERS = "posters"
 
@@ -70,7 +71,8 @@ class ScenarioReport:
     rate_limited_responses: int
     worker: WorkerStats
     first_jammed: str | None
-    backoff_delays: tuple[float, ...] = field(default=())
+    started_at: float = 0.0
+    retry_delays: tuple[float, ...] = ()  # from each retried attempt's end to the next start
 
     @property
     def ratio(self) -> float:
@@ -170,7 +172,18 @@ async def _report(
         rate_limited_responses=rate_limited,
         worker=stats,
         first_jammed=min(jammed, key=lambda g: g.first_blocked_at or 0.0).name if jammed else None,
+        started_at=start,
+        retry_delays=retry_delays(history.values()),
     )
+
+
+def retry_delays(histories: Iterable[Sequence[Attempt]]) -> tuple[float, ...]:
+    delays = []
+    for runs in histories:
+        for failed, again in itertools.pairwise(runs):
+            if failed.outcome is AttemptOutcome.RETRY and failed.ended_at is not None:
+                delays.append(again.started_at - failed.ended_at)
+    return tuple(delays)
 
 
 def rush_jumps(tasks: Sequence[TaskRecord], first_start: dict[int, float]) -> int:

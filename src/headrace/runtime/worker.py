@@ -18,8 +18,9 @@ import random
 import signal
 import socket
 import uuid
+from collections import deque
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from headrace.policy.durations import Duration, seconds
@@ -46,11 +47,14 @@ log = logging.getLogger("headrace.worker")
 
 INTERRUPTED = "interrupted"
 REMOTE_TIMEOUT = "remote_timeout"
-MIN_SLEEP = 0.001  # never spin when the store's next event is "now"
+MIN_SLEEP = 0.001
+BACKOFFS_KEPT = 64  # never spin when the store's next event is "now"
 
 
 @dataclass
 class WorkerStats:
+    """Counters since the worker started; `backoffs` holds the latest retry delays decided."""
+
     claimed: int = 0
     succeeded: int = 0
     retried: int = 0
@@ -59,6 +63,7 @@ class WorkerStats:
     polls: int = 0
     leases_lost: int = 0
     peak_busy: int = 0
+    backoffs: deque[float] = field(default_factory=lambda: deque(maxlen=BACKOFFS_KEPT))
 
 
 class Worker:
@@ -253,19 +258,22 @@ class Worker:
         )
         error = AttemptError.of(failure.error_class, failure.code, failure.message)
         penalize = self._penalized(lease, failure) if decision.penalize else ()
+        if decision.action is Action.DEAD:
+            log.info("task %s %s: %s, dead", lease.task_id, lease.task.kind, error.code)
+            self.stats.dead += 1
+            return Dead(error, penalize)
         log.info(
-            "task %s %s attempt %d failed: %s (%s) -> %s",
+            "task %s %s attempt %d: %s (%s), retry in %.3fs%s",
             lease.task_id,
             lease.task.kind,
             lease.task.attempt,
             error.code,
             failure.error_class.value,
-            decision.action.value,
+            decision.delay,
+            f", penalising {', '.join(penalize)}" if penalize else "",
         )
-        if decision.action is Action.DEAD:
-            self.stats.dead += 1
-            return Dead(error, penalize)
         self.stats.retried += 1
+        self.stats.backoffs.append(decision.delay)
         return Retry(error, decision.delay, penalize)
 
     def _penalized(self, lease: Lease, failure: TaskFailure) -> tuple[str, ...]:

@@ -1,0 +1,157 @@
+"""The `headrace` command."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from headrace.pipelines.providersim import parse_inject, run_server
+from headrace.pipelines.studio_scenario import Scenario
+from headrace.policy.durations import seconds
+from headrace.policy.errors import ConfigError
+from headrace.runtime.app import App
+from headrace.runtime.worker import Worker
+from headrace.service.demo import DemoOptions, run_demo
+
+
+def _duration(value: str, name: str) -> float:
+    try:
+        return seconds(value, field=name)
+    except ConfigError as error:
+        raise click.BadParameter(str(error)) from None
+
+
+def _store_url(db: str) -> str:
+    """Accept a store URL, or a plain file path for the embedded store."""
+    if "://" in db:
+        return db
+    return f"sqlite:///{Path(db).resolve()}"
+
+
+@click.group()
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+def main(verbose: int) -> None:
+    """headrace: a durable scheduler for bursty media pipelines."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@main.command()
+@click.option("--db", help="Store URL or SQLite file (default: a new file in a temp dir).")
+@click.option("--window", default="6s", show_default=True, help="Quota window ('60s' is real).")
+@click.option("--inject", default="", help="Provider faults: ratelimit, auth, flaky.")
+@click.option("--episodes", default=5, show_default=True, type=click.IntRange(1, 50))
+@click.option("--shots", default=6, show_default=True, type=click.IntRange(1, 40))
+@click.option("--slots", default=4, show_default=True, type=click.IntRange(1, 256))
+@click.option("--low-batch", default=8, show_default=True, type=click.IntRange(0, 500))
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Save the report.")
+@click.option("--no-progress", is_flag=True, help="No live progress bars.")
+def demo(
+    db: str | None,
+    window: str,
+    inject: str,
+    episodes: int,
+    shots: int,
+    slots: int,
+    low_batch: int,
+    seed: int,
+    json_path: Path | None,
+    no_progress: bool,
+) -> None:
+    """Run the studio pipeline: five episodes, a low batch and a rush episode, under quota."""
+    try:
+        faults = parse_inject(inject) if inject else frozenset[str]()
+    except ConfigError as error:
+        raise click.BadParameter(str(error), param_hint="--inject") from None
+    scenario = Scenario(
+        episodes=episodes,
+        shots=shots,
+        low_batch=low_batch,
+        slots=slots,
+        window=_duration(window, "--window"),
+        seed=seed,
+    )
+    options = DemoOptions(
+        scenario, _store_url(db) if db else None, faults, json_path, not no_progress
+    )
+    report = asyncio.run(run_demo(options, Console()))
+    if not report.all_succeeded and not faults:
+        sys.exit(1)
+
+
+def load_app(target: str) -> App:
+    """`module:attribute` (attribute defaults to `app`); a callable attribute is called."""
+    module_name, _, attribute = target.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like uvicorn: the user's modules by their names
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise click.BadParameter(f"cannot import {module_name!r}: {error}") from None
+    found = getattr(module, attribute or "app", None)
+    if callable(found) and not isinstance(found, App):
+        found = found()
+    if not isinstance(found, App):
+        raise click.BadParameter(f"{target!r} is not a headrace App")
+    return found
+
+
+@main.command()
+@click.argument("target")
+@click.option("--db", help="Override the app's store URL (or SQLite file).")
+@click.option("--slots", default=4, show_default=True, type=click.IntRange(1, 1024))
+@click.option("--lease", default="30s", show_default=True)
+@click.option("--idle", default="0.5s", show_default=True, help="Longest sleep between claims.")
+@click.option("--grace", default="30s", show_default=True, help="Shutdown wait for handlers.")
+@click.option("--name", help="Worker name in leases and attempt history.")
+def worker(
+    target: str,
+    db: str | None,
+    slots: int,
+    lease: str,
+    idle: str,
+    grace: str,
+    name: str | None,
+) -> None:
+    """Run workers for the app at TARGET (module:app) until SIGINT or SIGTERM."""
+    app = load_app(target)
+    if db:
+        app.url = _store_url(db)
+    runner = Worker(
+        app,
+        slots=slots,
+        name=name,
+        lease=_duration(lease, "--lease"),
+        idle=_duration(idle, "--idle"),
+        grace=_duration(grace, "--grace"),
+    )
+
+    async def serve() -> None:
+        try:
+            await runner.run(handle_signals=True)
+        finally:
+            await app.close()
+
+    asyncio.run(serve())
+
+
+@main.command("provider-sim")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8090, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--window", default="6s", show_default=True, help="Quota window ('60s' is real).")
+@click.option("--inject", default="", help="Faults: ratelimit, auth, flaky (comma-separated).")
+@click.option("--seed", default=0, show_default=True, type=int)
+def provider_sim(host: str, port: int, window: str, inject: str, seed: int) -> None:
+    """Serve the MiniMax-shaped provider simulator, the quota referee, over HTTP."""
+    try:
+        run_server(host, port, _duration(window, "--window"), inject, seed)
+    except ConfigError as error:
+        raise click.BadParameter(str(error)) from None
