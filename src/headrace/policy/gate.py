@@ -38,14 +38,22 @@ class GateConfig:
         if "*" in self.name and not self.name.endswith(TEMPLATE_SUFFIX):
             raise ConfigError(f"gate.name: a template ends in ':*', got {self.name!r}")
         if self.concurrency is not None and (
-            isinstance(self.concurrency, bool) or self.concurrency < 1
+            isinstance(self.concurrency, bool)
+            or not isinstance(self.concurrency, int)
+            or self.concurrency < 1
         ):
             raise ConfigError(
                 f"gate {self.name}: concurrency must be a positive integer, "
                 f"got {self.concurrency!r}"
             )
-        if self.guard < 0:
-            raise ConfigError(f"gate {self.name}: guard must be >= 0, got {self.guard!r}")
+        if (
+            isinstance(self.guard, bool)
+            or not isinstance(self.guard, int | float)
+            or not 0 <= self.guard < math.inf
+        ):
+            raise ConfigError(
+                f"gate {self.name}: guard must be a finite number >= 0, got {self.guard!r}"
+            )
 
     @property
     def is_template(self) -> bool:

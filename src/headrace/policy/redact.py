@@ -8,10 +8,11 @@ _RULES: tuple[tuple[re.Pattern[str], str], ...] = (
     # Signed URLs carry their credential in the query string: keep scheme, host and path only.
     (re.compile(r"(\bhttps?://[^\s?#\"']+)\?[^\s\"']*", re.IGNORECASE), r"\1?[redacted]"),
     (re.compile(r"\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+", re.IGNORECASE), r"\1 [redacted]"),
+    # `key=value`, `key: value`, and JSON or Python dicts (`"key": "value"`)
     (
         re.compile(
             r"\b(api[_-]?key|token|secret|password|signature|sig|x-amz-[a-z-]+|authorization)"
-            r"(\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s,;&]+)",
+            r"([\"']?\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s,;&]+)",
             re.IGNORECASE,
         ),
         r"\1\2[redacted]",

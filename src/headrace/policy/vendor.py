@@ -7,6 +7,7 @@ is treated as transient.
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -74,10 +75,13 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
     if value is None or not value.strip():
         return None
     text = value.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         return float(text)
     try:
         when = email.utils.parsedate_to_datetime(text)
     except (TypeError, ValueError):
         return None
+    if when.tzinfo is None:
+        # HTTP dates are GMT; the asctime form and a "-0000" zone parse without a zone
+        when = when.replace(tzinfo=datetime.UTC)
     return max(0.0, when.timestamp() - now)
