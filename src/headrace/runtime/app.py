@@ -125,6 +125,7 @@ class App:
         self._opened: Store | None = None
         self._opening = asyncio.Lock()
         self._listeners: set[asyncio.Event] = set()
+        self._on_close: list[Callable[[], Awaitable[object]]] = []
 
     # -- declaration
 
@@ -209,7 +210,14 @@ class App:
             raise ConfigError("app: not opened yet; `await app.open()` or `async with app`")
         return self._opened
 
+    def on_close(self, callback: Callable[[], Awaitable[object]]) -> None:
+        """Run `callback` when the app closes (e.g. close a provider's HTTP client)."""
+        self._on_close.append(callback)
+
     async def close(self) -> None:
+        for callback in reversed(self._on_close):
+            await callback()
+        self._on_close.clear()
         if self._opened is not None:
             await self._opened.close()
             self._opened = None

@@ -1,0 +1,84 @@
+"""`python -m bench [--quick] [--out FILE]`: every benchmark, printed as tables, saved as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.studio import StudioFigure, studio_figures
+from bench.throughput import Throughput, throughput_figures
+
+DEFAULT_OUT = Path(__file__).parent / "results" / "latest.json"
+
+
+def studio_table(figures: list[StudioFigure]) -> Table:
+    table = Table(title="Studio makespan vs quota lower bound (virtual clock)")
+    for column in ("case", "episodes", "slots", "makespan", "lower bound", "ratio", "429s", "ok"):
+        table.add_column(column, justify="left" if column == "case" else "right")
+    for f in figures:
+        table.add_row(
+            f.case,
+            str(f.episodes),
+            str(f.slots),
+            f"{f.makespan_s:.1f}s",
+            f"{f.lower_bound_s:.1f}s",
+            f"{f.ratio:.2f}",
+            str(f.rate_limited),
+            "yes" if f.all_succeeded else "NO",
+        )
+    return table
+
+
+def throughput_table(figures: list[Throughput]) -> Table:
+    table = Table(title="No-op tasks per second (real time, this machine)")
+    for column in ("case", "tasks", "seconds", "tasks/s", "vs bare sqlite3"):
+        table.add_column(column, justify="left" if column == "case" else "right")
+    bare = next(f for f in figures if f.case.startswith("bare"))
+    for f in figures:
+        table.add_row(
+            f.case,
+            str(f.tasks),
+            f"{f.seconds:.2f}",
+            f"{f.tasks_per_s:,.0f}",
+            f"{f.tasks_per_s / bare.tasks_per_s:.2f}",
+        )
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to save the JSON")
+    args = parser.parse_args()
+    console = Console()
+    studio = studio_figures(args.quick)
+    console.print(studio_table(studio))
+    held = next(f for f in studio if f.case.endswith("held"))
+    returned = next(f for f in studio if f.case.endswith("returned"))
+    console.print(
+        f"video slot held / returned makespan: {held.makespan_s / returned.makespan_s:.2f}"
+    )
+    throughput = throughput_figures(args.quick)
+    console.print(throughput_table(throughput))
+    results = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"python": platform.python_version(), "platform": platform.platform()},
+        "quick": args.quick,
+        "studio": [asdict(f) for f in studio],
+        "held_over_returned": round(held.makespan_s / returned.makespan_s, 3),
+        "throughput": [asdict(f) for f in throughput],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    console.print(f"saved {args.out}")
+
+
+if __name__ == "__main__":
+    main()

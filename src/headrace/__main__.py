@@ -1,0 +1,5 @@
+"""`python -m headrace` is the `headrace` command."""
+
+from headrace.service.cli import main
+
+main()
