@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -42,14 +41,6 @@ def clock() -> ManualClock:
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     name: str = request.param
-    if (
-        name == "sqlite"
-        and not Path(__file__)
-        .parent.parent.parent.joinpath("src/headrace/store/sqlite.py")
-        .exists()
-        and not os.environ.get("CI")
-    ):
-        pytest.skip("sqlite store not present")
     return name
 
 

@@ -6,7 +6,15 @@ from collections.abc import Callable
 
 import pytest
 
-from headrace.policy import ErrorClass, LeaseLost, ManualClock, QueueFull, Tier, UnknownGate
+from headrace.policy import (
+    ConfigError,
+    ErrorClass,
+    LeaseLost,
+    ManualClock,
+    QueueFull,
+    Tier,
+    UnknownGate,
+)
 from headrace.policy.errors import UnknownTask
 from headrace.store.base import Store
 from headrace.store.types import (
@@ -21,6 +29,7 @@ from headrace.store.types import (
     Settings,
     Sibling,
     Succeeded,
+    TaskRecord,
     TaskState,
 )
 
@@ -457,3 +466,123 @@ async def test_claim_only_the_kinds_asked_for(store: Store) -> None:
     await store.submit([task("a", kind="image"), task("b", kind="speech")])
     result = await store.claim("w1", 5, lease_for=LEASE, kinds=["speech"])
     assert refs(list(result.leases)) == ["b"]
+
+
+# -- long queues, restarts and edges
+
+
+async def test_a_long_queue_dispatches_in_order_across_batches(store: Store) -> None:
+    await store.submit([task(f"a{i}", flow="a") for i in range(300)])
+    await store.submit([task(f"b{i}", flow="b") for i in range(300)])
+    # Equal tags across the two flows: ties go to the older task, batch after batch.
+    assert refs(await claim(store, 1000)) == [f"{flow}{i}" for i in range(300) for flow in "ab"]
+
+
+async def test_a_refusing_gate_skips_a_long_run_of_its_tasks(store: Store) -> None:
+    await store.submit([task(f"v{i}", gates=("provider:video",)) for i in range(600)])
+    await store.submit([task(f"i{i}", gates=("provider:image",), tier=Tier.LOW) for i in range(5)])
+    assert refs(await claim(store)) == ["v0", "v1", "i0", "i1", "i2"]
+    stats = {s.name: s for s in await store.gate_statistics()}
+    # A refusal is counted once per claim: the rest of that gate's tasks are skipped unasked.
+    assert stats["provider:video"].blocked_by_concurrency == 1
+    assert stats["provider:image"].blocked_by_concurrency == 1
+
+
+async def test_tickets_and_gate_state_outlive_a_restart(
+    store: Store, reopen: Callable[[], Store]
+) -> None:
+    await store.submit([task(f"v{i}", gates=("provider:video",)) for i in range(3)])
+    [first, _] = await claim(store)
+    await store.close()
+    restarted = reopen()
+    await restarted.open(Settings(gates=GATES, aging_step=AGING_STEP))
+    try:
+        assert await claim(restarted) == []
+        await restarted.finish(first, Succeeded())
+        assert refs(await claim(restarted)) == ["v2"]
+        [video] = [s for s in await restarted.gate_statistics() if s.name == "provider:video"]
+        assert (video.in_flight, video.granted, video.peak_in_flight) == (2, 3, 2)
+    finally:
+        await restarted.close()
+
+
+async def test_fair_tags_outlive_a_restart(store: Store, reopen: Callable[[], Store]) -> None:
+    await store.submit([task(f"a{i}", flow="a") for i in range(4)])
+    assert refs(await claim(store, 2)) == ["a0", "a1"]
+    await store.close()
+    restarted = reopen()
+    await restarted.open(Settings(gates=GATES, aging_step=AGING_STEP))
+    try:
+        await restarted.submit([task(f"b{i}", flow="b") for i in range(2)])
+        assert refs(await claim(restarted)) == ["b0", "a2", "b1", "a3"]
+    finally:
+        await restarted.close()
+
+
+async def test_cancelling_a_waiting_task_returns_its_ticket(
+    store: Store, clock: ManualClock
+) -> None:
+    [sub] = await store.submit([task("clip", gates=("provider:video",))])
+    [lease] = await claim(store)
+    await store.finish(lease, AwaitRemote("job-1", poll_every=5.0))
+    assert await store.cancel(sub.id)
+    record = await store.get(sub.id)
+    assert record.state is TaskState.CANCELLED and record.error_code == "cancelled"
+    [attempt] = await store.attempts(sub.id)
+    assert attempt.outcome is AttemptOutcome.CANCELLED and attempt.ended_at == clock.now()
+    [video] = [s for s in await store.gate_statistics() if s.name == "provider:video"]
+    assert video.in_flight == 0
+    clock.advance(5.0)
+    assert (await store.claim_polls("w1", 5, lease_for=5.0)).leases == ()
+
+
+async def test_a_refused_outcome_changes_nothing(store: Store, clock: ManualClock) -> None:
+    [sub] = await store.submit([task("clip", gates=("provider:video",))])
+    [lease] = await claim(store)
+    with pytest.raises(ConfigError, match="PollAgain"):
+        await store.finish(lease, PollAgain(1.0))
+    with pytest.raises(UnknownGate):
+        await store.finish(lease, Retry(boom(), delay=1.0, penalize=("provider:nope",)))
+    assert (await store.get(sub.id)).state is TaskState.RUNNING
+    await store.finish(lease, AwaitRemote("job-1", poll_every=1.0))
+    clock.advance(1.0)
+    [poll] = (await store.claim_polls("w1", 5, lease_for=5.0)).leases
+    with pytest.raises(ConfigError, match="AwaitRemote"):
+        await store.finish(poll, AwaitRemote("job-2", poll_every=1.0))
+    [renewed] = await store.renew([poll], lease_for=5.0)
+    assert renewed is not None and renewed.task.remote_id == "job-1"
+    await store.finish(renewed, Succeeded())
+    assert (await store.get(sub.id)).state is TaskState.SUCCEEDED
+
+
+async def test_a_dependency_that_already_succeeded_is_met(store: Store) -> None:
+    [first] = await store.submit([task("a")])
+    [lease] = await claim(store)
+    await store.finish(lease, Succeeded())
+    [later] = await store.submit([task("b", after=(first.id, first.id))])
+    assert (await store.get(later.id)).state is TaskState.READY
+
+
+async def test_listing_filters_and_limits(store: Store) -> None:
+    await store.submit(
+        [
+            task("a", kind="image", group="ep1", key="k-a"),
+            task("b", kind="speech", group="ep1"),
+            task("c", kind="image", group="ep2"),
+        ]
+    )
+    await claim(store, 1)
+    assert refs_of(await store.tasks(group="ep1")) == ["a", "b"]
+    assert refs_of(await store.tasks(kind="image")) == ["a", "c"]
+    assert refs_of(await store.tasks(state=TaskState.READY)) == ["b", "c"]
+    assert refs_of(await store.tasks(group="ep1", state=TaskState.RUNNING)) == ["a"]
+    assert refs_of(await store.tasks(limit=2)) == ["a", "b"]
+    assert await store.find("k-missing") is None
+    with pytest.raises(UnknownTask):
+        await store.attempts(999)
+    with pytest.raises(UnknownTask):
+        await store.cancel(999)
+
+
+def refs_of(records: list[TaskRecord]) -> list[str]:
+    return [record.ref for record in records]

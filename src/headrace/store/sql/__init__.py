@@ -1,0 +1,100 @@
+"""SQL in one place: named queries and versioned migrations, read from this package's files.
+
+A query file holds statements under `-- name: <query_name>` headers, each followed by a one-line
+`-- <description>` and the statement. Migrations are `migrations/NNNN_<what>.sql`, applied in
+order of their number; the number is the schema version a store records once it applied them.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sqlite3
+from dataclasses import dataclass
+from importlib import resources
+
+from headrace.policy.errors import StoreError
+
+MIGRATIONS = "migrations"
+
+_HEADER = re.compile(r"^-- name: *([a-z][a-z0-9_]*) *$", re.MULTILINE)
+_MIGRATION_FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Query:
+    name: str
+    description: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+
+def read_text(resource: str) -> str:
+    """The text of a file in this package, e.g. `sqlite_schema.sql`."""
+    return resources.files(__name__).joinpath(resource).read_text(encoding="utf-8")
+
+
+@functools.cache
+def load_queries(resource: str) -> dict[str, Query]:
+    """The named queries of a query file in this package, by name."""
+    return parse_queries(read_text(resource), source=resource)
+
+
+def parse_queries(text: str, *, source: str = "queries") -> dict[str, Query]:
+    parts = _HEADER.split(text)
+    queries: dict[str, Query] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name in queries:
+            raise StoreError(f"{source}: query {name!r} is defined twice")
+        queries[name] = _parse_query(name, body, source)
+    return queries
+
+
+def _parse_query(name: str, body: str, source: str) -> Query:
+    description, _, statement = body.strip().partition("\n")
+    if not description.startswith("-- ") or not description[3:].strip():
+        raise StoreError(f"{source}: query {name!r} needs a one-line '-- description'")
+    text = statement.strip().removesuffix(";").strip()
+    if not text:
+        raise StoreError(f"{source}: query {name!r} has no statement")
+    return Query(name, description[3:].strip(), text)
+
+
+@functools.cache
+def load_migrations(folder: str = MIGRATIONS) -> tuple[Migration, ...]:
+    """Every migration in `folder`, in version order; versions run 1, 2, 3… without gaps."""
+    found: list[Migration] = []
+    for entry in resources.files(__name__).joinpath(folder).iterdir():
+        match = _MIGRATION_FILE.match(entry.name)
+        if match is not None:
+            statements = tuple(split_statements(entry.read_text(encoding="utf-8")))
+            found.append(Migration(int(match[1]), match[2], statements))
+    found.sort(key=lambda migration: migration.version)
+    if [m.version for m in found] != list(range(1, len(found) + 1)):
+        raise StoreError(f"{folder}: migration versions must run 1, 2, 3… without gaps")
+    return tuple(found)
+
+
+def split_statements(script: str) -> list[str]:
+    """The statements of a script, each whole (with the comments before it)."""
+    statements: list[str] = []
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            statements.append(pending.strip())
+            pending = ""
+    if _without_comments(pending):
+        raise StoreError(f"an incomplete SQL statement ends the script: {pending.strip()[:60]!r}")
+    return statements
+
+
+def _without_comments(text: str) -> str:
+    lines = (line for line in text.splitlines() if not line.strip().startswith("--"))
+    return "\n".join(lines).strip()

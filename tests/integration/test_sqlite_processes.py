@@ -1,0 +1,209 @@
+"""OS processes sharing one SQLite file: the gate's cap and rate hold across them, and an
+idempotency key names one task whoever submits it.
+
+In the gate test each process runs two workers that claim one task at a time, hold it briefly and
+succeed. The store's attempt history records every grant (`started_at`) and release (`ended_at`)
+on the store's clock; afterwards the test checks the gate's limits over it by brute force.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import sqlite3
+from collections.abc import Callable, Sequence
+from multiprocessing.synchronize import Barrier
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from headrace.policy import GateConfig, Rate, StoreError
+from headrace.store.sqlite import SQLiteStore
+from headrace.store.types import (
+    Attempt,
+    AttemptOutcome,
+    ClaimResult,
+    NewTask,
+    Settings,
+    Succeeded,
+    TaskState,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.realtime]
+
+GATE = GateConfig("provider:video", concurrency=2, rate=Rate(5, per=0.4))
+SETTINGS = Settings(gates=(GATE,))
+TASKS = 20
+PROCESSES = 2
+WORKERS_PER_PROCESS = 2
+HOLD = 0.03  # seconds a worker keeps each task
+KEYS = 40
+# Store times are floats; a start exactly one window after another may round either way.
+EPSILON = 1e-6
+
+
+@pytest.fixture
+def anyio_backend() -> tuple[str, dict[str, Any]]:
+    return ("asyncio", {})
+
+
+def drain_queue(path: str, name: str, barrier: Barrier) -> None:
+    """The body of one OS process: wait for the other, then drain the queue."""
+    barrier.wait(timeout=30)
+    asyncio.run(drain(Path(path), name))
+
+
+def submit_keys(path: str, out: str, barrier: Barrier) -> None:
+    """The body of one OS process: submit the same keyed tasks as the other, record the ids."""
+    barrier.wait(timeout=30)
+    ids = asyncio.run(submit_keyed(Path(path)))
+    Path(out).write_text(json.dumps(ids))
+
+
+async def submit_keyed(path: Path) -> list[int]:
+    store = SQLiteStore(path)
+    await store.open(SETTINGS)
+    try:
+        ids: list[int] = []
+        for first in range(0, KEYS, 4):
+            batch = [
+                NewTask("render", f"shot-{k}", key=f"shot-{k}") for k in range(first, first + 4)
+            ]
+            ids += [submitted.id for submitted in await store.submit(batch)]
+        return ids
+    finally:
+        await store.close()
+
+
+async def drain(path: Path, name: str) -> None:
+    store = SQLiteStore(path)
+    await store.open(SETTINGS)
+    try:
+        workers = (work(store, f"{name}/{i}") for i in range(WORKERS_PER_PROCESS))
+        await asyncio.gather(*workers)
+    finally:
+        await store.close()
+
+
+async def work(store: SQLiteStore, worker: str) -> None:
+    while True:
+        result = await store.claim(worker, 1, lease_for=30.0)
+        for lease in result.leases:
+            await asyncio.sleep(HOLD)
+            await store.finish(lease, Succeeded())
+        if result.leases:
+            continue
+        counts = await store.counts()
+        if not counts[TaskState.READY] and not counts[TaskState.RUNNING]:
+            return
+        await asyncio.sleep(pause(result))
+
+
+def pause(result: ClaimResult) -> float:
+    if result.wake_at is None:  # only a release can help: look again soon
+        return 0.01
+    return min(max(result.wake_at - result.now, 0.001), 0.05)
+
+
+def run_processes(target: Callable[..., None], args: Sequence[tuple[str, ...]]) -> list[int | None]:
+    """Run `target(*args[i], barrier)` in one spawned process per entry; their exit codes."""
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(len(args))
+    processes = [context.Process(target=target, args=(*each, barrier)) for each in args]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=30)
+        if process.is_alive():
+            process.kill()
+            process.join()
+    codes = [process.exitcode for process in processes]
+    for process in processes:
+        process.close()
+    return codes
+
+
+def most_in_flight(history: list[Attempt]) -> int:
+    """The most attempts holding a ticket at any grant time (a release at t frees t)."""
+    return max(
+        sum(1 for other in history if other.started_at <= a.started_at < _ended(other))
+        for a in history
+    )
+
+
+def most_starts_in_a_window(history: list[Attempt], window: float) -> int:
+    """The most grants in any window of `window` seconds ending at a grant."""
+    starts = [a.started_at for a in history]
+    return max(sum(1 for s in starts if t - window + EPSILON < s <= t) for t in starts)
+
+
+def _ended(attempt: Attempt) -> float:
+    assert attempt.ended_at is not None
+    return attempt.ended_at
+
+
+async def test_two_processes_never_exceed_one_gate(tmp_path: Path) -> None:
+    path = tmp_path / "shared.db"
+    store = SQLiteStore(path)
+    await store.open(SETTINGS)
+    try:
+        batch = [NewTask("render", f"shot-{i}", gates=(GATE.name,)) for i in range(TASKS)]
+        submitted = await store.submit(batch)
+        args = [(str(path), f"p{i}") for i in range(PROCESSES)]
+        codes = await anyio.to_thread.run_sync(run_processes, drain_queue, args)
+        assert codes == [0] * PROCESSES
+        records = [await store.get(s.id) for s in submitted]
+        histories = [await store.attempts(s.id) for s in submitted]
+        [stats] = await store.gate_statistics()
+    finally:
+        await store.close()
+
+    assert all(record.state is TaskState.SUCCEEDED for record in records)
+    assert all(len(history) == 1 for history in histories), "a task ran more than once"
+    history = [attempt for attempts in histories for attempt in attempts]
+    assert all(attempt.outcome is AttemptOutcome.SUCCEEDED for attempt in history)
+    assert {attempt.worker.split("/")[0] for attempt in history} == {"p0", "p1"}
+    assert GATE.concurrency is not None and GATE.rate is not None
+    assert most_in_flight(history) <= GATE.concurrency
+    assert most_starts_in_a_window(history, GATE.rate.window) <= GATE.rate.n
+    assert (stats.in_flight, stats.granted) == (0, TASKS)
+    # Both limits were pressed, not merely unreached.
+    assert stats.blocked_by_concurrency > 0 and stats.blocked_by_token > 0
+
+
+async def test_processes_submitting_one_key_share_one_task(tmp_path: Path) -> None:
+    path = tmp_path / "keys.db"
+    store = SQLiteStore(path)
+    await store.open(SETTINGS)
+    try:
+        outs = [tmp_path / f"ids-{i}.json" for i in range(PROCESSES)]
+        args = [(str(path), str(out)) for out in outs]
+        assert await anyio.to_thread.run_sync(run_processes, submit_keys, args) == [0] * PROCESSES
+        records = await store.tasks()
+    finally:
+        await store.close()
+    [first, second] = [json.loads(out.read_text()) for out in outs]
+    assert first == second
+    assert sorted(first) == sorted(record.id for record in records)
+    assert sorted(str(record.key) for record in records) == sorted(f"shot-{k}" for k in range(KEYS))
+
+
+async def test_a_lock_held_past_busy_timeout_is_a_store_error(tmp_path: Path) -> None:
+    path = tmp_path / "busy.db"
+    store = SQLiteStore(path, busy_timeout=0.1)
+    await store.open(SETTINGS)
+    blocker = sqlite3.connect(path, isolation_level=None)
+    try:
+        blocker.execute("BEGIN IMMEDIATE")
+        with pytest.raises(StoreError, match="locked past busy_timeout"):
+            await store.submit([NewTask("render", "blocked")])
+        assert await store.counts()  # readers are not blocked by the writer
+        blocker.execute("ROLLBACK")
+        [submitted] = await store.submit([NewTask("render", "after")])
+        assert submitted.created
+    finally:
+        blocker.close()
+        await store.close()

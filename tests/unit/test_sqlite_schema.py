@@ -1,0 +1,173 @@
+"""The SQLite schema: migrating an empty file gives exactly `sqlite_schema.sql`, and every named
+query compiles against it."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from headrace.policy import ConfigError, StoreError
+from headrace.store import sql
+from headrace.store.sqlite import QUERIES, SQLiteStore, connect, migrate, path_from_url
+from headrace.store.types import Settings
+
+Schema = list[tuple[str, str, str, str]]
+
+
+def normalized(text: str | None) -> str:
+    """A statement without comments, with whitespace collapsed and none around punctuation."""
+    without_comments = re.sub(r"--[^\n]*", "", text or "")
+    collapsed = " ".join(without_comments.split())
+    return re.sub(r" ?([(),]) ?", r"\1", collapsed)
+
+
+def schema_of(connection: sqlite3.Connection) -> Schema:
+    rows = connection.execute(
+        "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name"
+    )
+    return [(kind, name, table, normalized(text)) for kind, name, table, text in rows]
+
+
+def columns_of(connection: sqlite3.Connection) -> dict[str, list[tuple[object, ...]]]:
+    tables = connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+    return {
+        table: [tuple(column) for column in connection.execute(f"PRAGMA table_xinfo({table})")]
+        for (table,) in tables.fetchall()
+    }
+
+
+def user_version(connection: sqlite3.Connection) -> int:
+    return int(connection.execute("PRAGMA user_version").fetchone()[0])
+
+
+@pytest.fixture
+def queries() -> dict[str, sql.Query]:
+    return sql.load_queries(QUERIES)
+
+
+@pytest.fixture
+def migrated(tmp_path: Path, queries: dict[str, sql.Query]) -> Iterator[sqlite3.Connection]:
+    connection = connect(tmp_path / "migrated.db", 1.0, queries)
+    migrate(connection, queries)
+    yield connection
+    connection.close()
+
+
+@pytest.fixture
+def declared(tmp_path: Path) -> Iterator[sqlite3.Connection]:
+    connection = sqlite3.connect(tmp_path / "declared.db")
+    connection.executescript(sql.read_text("sqlite_schema.sql"))
+    yield connection
+    connection.close()
+
+
+def test_migrating_from_empty_gives_the_declared_schema(
+    migrated: sqlite3.Connection, declared: sqlite3.Connection
+) -> None:
+    assert schema_of(migrated) == schema_of(declared)
+    assert columns_of(migrated) == columns_of(declared)
+    assert {"tasks", "task_deps", "tickets", "gates", "attempts", "ledger"} <= set(
+        columns_of(migrated)
+    )
+
+
+def test_migrating_records_the_version_and_runs_once(
+    migrated: sqlite3.Connection, queries: dict[str, sql.Query]
+) -> None:
+    latest = sql.load_migrations()[-1].version
+    assert user_version(migrated) == latest
+    before = schema_of(migrated)
+    assert migrate(migrated, queries) == latest
+    assert schema_of(migrated) == before
+
+
+def test_a_file_from_a_newer_headrace_is_refused(
+    migrated: sqlite3.Connection, queries: dict[str, sql.Query]
+) -> None:
+    migrated.execute(f"PRAGMA user_version = {user_version(migrated) + 1}")
+    with pytest.raises(StoreError, match="schema version"):
+        migrate(migrated, queries)
+    assert not migrated.in_transaction
+
+
+def test_migrations_are_numbered_without_gaps() -> None:
+    migrations = sql.load_migrations()
+    assert [m.version for m in migrations] == list(range(1, len(migrations) + 1))
+    assert migrations[0].name == "initial" and migrations[0].statements
+
+
+def test_every_query_has_a_description_and_compiles(
+    migrated: sqlite3.Connection, queries: dict[str, sql.Query]
+) -> None:
+    class Unbound(dict[str, object]):
+        def __missing__(self, key: str) -> None:
+            return None
+
+    assert len(queries) > 40
+    for query in queries.values():
+        assert query.description and "\n" not in query.description, query.name
+        text = query.text.format(version=1) if "{" in query.text else query.text
+        migrated.execute(f"EXPLAIN {text}", Unbound()).fetchall()
+
+
+def test_malformed_query_files_are_refused() -> None:
+    with pytest.raises(StoreError, match="description"):
+        sql.parse_queries("-- name: bare\nSELECT 1;\n")
+    with pytest.raises(StoreError, match="twice"):
+        sql.parse_queries("-- name: a\n-- one\nSELECT 1;\n-- name: a\n-- two\nSELECT 2;\n")
+    with pytest.raises(StoreError, match="no statement"):
+        sql.parse_queries("-- name: empty\n-- nothing here\n")
+    parsed = sql.parse_queries("-- preamble\n-- name: one\n-- The number one.\nSELECT 1;\n")
+    assert parsed["one"] == sql.Query("one", "The number one.", "SELECT 1")
+
+
+def test_scripts_split_into_whole_statements() -> None:
+    script = "-- a; comment\nCREATE TABLE a (x -- not; the end\n);\n\nCREATE TABLE b (y);\n-- end\n"
+    statements = sql.split_statements(script)
+    assert len(statements) == 2 and statements[1] == "CREATE TABLE b (y);"
+    with pytest.raises(StoreError, match="incomplete"):
+        sql.split_statements("CREATE TABLE a (x);\nCREATE TABLE b (\n")
+
+
+def test_urls_name_relative_and_absolute_files() -> None:
+    assert path_from_url("sqlite:///studio.db") == Path("studio.db")
+    assert path_from_url("sqlite:///data/studio%20one.db") == Path("data/studio one.db")
+    assert path_from_url("sqlite:////var/lib/headrace.db") == Path("/var/lib/headrace.db")
+    assert SQLiteStore.from_url("sqlite:///x.db").path == Path("x.db")
+    for bad in ("postgresql:///x", "sqlite://host/x.db", "sqlite:///", "sqlite:///x.db?mode=ro"):
+        with pytest.raises(ConfigError, match="store url"):
+            path_from_url(bad)
+
+
+@pytest.mark.anyio
+async def test_open_migrates_in_wal_mode_and_close_releases_everything(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "opened.db")
+    await store.open(Settings())
+    await store.open(Settings())  # a second open keeps the connection
+    await store.close()
+    await store.close()
+    with pytest.raises(StoreError, match="not open"):
+        await store.counts()
+    connection = sqlite3.connect(tmp_path / "opened.db")
+    try:
+        assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert user_version(connection) == sql.load_migrations()[-1].version
+    finally:
+        connection.close()
+
+
+@pytest.mark.anyio
+async def test_a_failed_open_leaves_nothing_running(tmp_path: Path) -> None:
+    path = tmp_path / "newer.db"
+    connection = sqlite3.connect(path)
+    connection.execute("PRAGMA user_version = 999")
+    connection.close()
+    store = SQLiteStore(path)
+    with pytest.raises(StoreError, match="schema version 999"):
+        await store.open(Settings())
+    with pytest.raises(StoreError, match="not open"):
+        await store.counts()
