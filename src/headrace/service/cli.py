@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import inspect
 import logging
 import os
 import sys
@@ -97,11 +98,22 @@ def load_app(target: str) -> App:
     except ImportError as error:
         raise click.BadParameter(f"cannot import {module_name!r}: {error}") from None
     found = getattr(module, attribute or "app", None)
-    if callable(found) and not isinstance(found, App):
-        found = found()
+    if _is_factory(found):
+        found = found()  # type: ignore[misc]
     if not isinstance(found, App):
-        raise click.BadParameter(f"{target!r} is not a headrace App")
+        raise click.BadParameter(f"{target!r} is not a headrace App (nor makes one)")
     return found
+
+
+def _is_factory(found: object) -> bool:
+    """A callable that needs no arguments: called to make the app."""
+    if isinstance(found, App) or not callable(found):
+        return False
+    try:
+        inspect.signature(found).bind()
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 @main.command()

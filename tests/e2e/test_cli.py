@@ -1,0 +1,73 @@
+"""The real `headrace` command in subprocesses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def headrace(*args: str, cwd: Path = ROOT, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "headrace", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.mark.realtime
+@pytest.mark.timeout(240)
+def test_demo_runs_the_studio_under_quota_on_the_embedded_store(tmp_path: Path) -> None:
+    report_path = tmp_path / "report.json"
+    done = headrace("demo", "--no-progress", "--json", str(report_path), cwd=tmp_path, timeout=200)
+    assert done.returncode == 0, done.stderr
+    assert "makespan / lower bound" in done.stdout
+    assert "store: sqlite:///" in done.stdout
+    report = json.loads(report_path.read_text())
+    assert report["all_succeeded"] is True
+    assert report["rate_limited_responses"] == 0
+    assert report["first_jammed"] == "provider:image"
+    assert 1.0 <= report["ratio"] < 1.5
+    assert report["aging_promotions"] == 8
+    assert report["promoted_to_rush"] == 0
+    assert report["rush_jumps"] > 0
+    assert [g["group"] for g in report["groups"]] == [
+        "ep1",
+        "ep2",
+        "ep3",
+        "ep4",
+        "ep5",
+        "ep6",
+        "posters",
+    ]
+    for stats in report["referee"].values():
+        assert stats["rejected"] == 0
+        assert stats["max_in_window"] <= stats["quota"]["rpm"]
+        assert stats["max_concurrent"] <= stats["quota"]["concurrency"]
+
+
+def test_bad_options_are_named() -> None:
+    done = headrace("demo", "--inject", "meteor")
+    assert done.returncode == 2
+    assert "--inject" in done.stderr
+    assert "meteor" in done.stderr
+    done = headrace("demo", "--window", "soon")
+    assert done.returncode == 2
+    assert "--window" in done.stderr
+
+
+def test_worker_names_an_app_it_cannot_load() -> None:
+    done = headrace("worker", "no_such_module:app")
+    assert done.returncode == 2
+    assert "no_such_module" in done.stderr
+    done = headrace("worker", "json:dumps")
+    assert done.returncode == 2
+    assert "not a headrace App" in done.stderr
