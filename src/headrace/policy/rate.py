@@ -1,7 +1,7 @@
 """A rate limit that keeps the whole burst and is exact in every sliding window.
 
 The state is the times of the last `n` starts. A start at `now` is allowed when fewer than the
-current capacity of them lie inside `(now - window, now]`; the capacity is `n`, or half of it
+current capacity of them satisfy `now < start + window`; the capacity is `n`, or half of it
 (at least one) while a penalty runs. A reset-per-window bucket would let up to 2n through across
 a window boundary; counting the recent starts never does.
 """
@@ -41,8 +41,11 @@ class Rate:
 
 
 def recent(starts: Sequence[float], window: float, now: float) -> int:
-    """How many of `starts` still count at `now`."""
-    return sum(1 for start in starts if start > now - window)
+    """How many of `starts` still count at `now`: a start counts until `start + window`.
+
+    The comparison uses the very expression `next_admission` returns, so waking at that time
+    always admits (`now - window` would differ from it in the last floating-point bit)."""
+    return sum(1 for start in starts if now < start + window)
 
 
 def admits(rate: Rate, starts: Sequence[float], now: float, penalized_until: float) -> bool:
