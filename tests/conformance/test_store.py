@@ -586,3 +586,11 @@ async def test_listing_filters_and_limits(store: Store) -> None:
 
 def refs_of(records: list[TaskRecord]) -> list[str]:
     return [record.ref for record in records]
+
+
+async def test_a_flow_joining_mid_round_takes_turns(store: Store) -> None:
+    await store.submit([task("a0", flow="a")])
+    assert refs(await claim(store, 1)) == ["a0"]
+    await store.submit([task("b0", flow="b"), task("b1", flow="b"), task("a1", flow="a")])
+    # b0 shares a0's round; in the next round a, served longer ago, goes before b.
+    assert refs(await claim(store)) == ["b0", "a1", "b1"]

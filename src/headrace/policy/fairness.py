@@ -9,9 +9,14 @@ comes back at the current virtual time rather than with saved-up credit.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from headrace.policy.errors import ConfigError
+
+C = TypeVar("C")
 
 SERVICE_PER_TASK = 1.0
 
@@ -37,3 +42,19 @@ def tag(virtual_time: float, flow_finish: float, weight: float = 1.0) -> Tagged:
 def advance(virtual_time: float, dispatched_tag: float) -> float:
     """The virtual time after dispatching a task tagged `dispatched_tag`."""
     return max(virtual_time, dispatched_tag)
+
+
+def take_turns(
+    candidates: Iterable[C],
+    rank: Callable[[C], tuple[float, ...]],
+    flow: Callable[[C], str],
+    last_served: Callable[[str], int],
+) -> Iterator[C]:
+    """`candidates` in `rank` order, except that among candidates of equal rank (the same tier
+    and tag) the flow served least recently goes first, a flow never served first of all.
+
+    Equal tags are a round: each flow has at most one task in it. Taking the round in
+    least-recently-served order is what keeps two equal flows within one dispatch of each other
+    when one of them joins while the other is being served (plain SFQ allows two)."""
+    for _, tied in itertools.groupby(candidates, rank):
+        yield from sorted(tied, key=lambda candidate: last_served(flow(candidate)))

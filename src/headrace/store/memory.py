@@ -60,6 +60,8 @@ class MemoryStore:
         self._gates: dict[str, GateState] = {}
         self._flow_finish: dict[str, float] = {}
         self._virtual_time = 0.0
+        self._dispatches = 0
+        self._served: dict[str, int] = {}
         self._attempts: dict[int, list[Attempt]] = defaultdict(list)
         self._ledger: dict[tuple[str, str], float] = defaultdict(float)
 
@@ -181,7 +183,12 @@ class MemoryStore:
             if t.state is TaskState.READY and t.run_at <= now and (kinds is None or t.kind in kinds)
         ]
         ready.sort(key=lambda t: (t.tier, t.tag, t.id))
-        return iter(ready)
+        return fairness.take_turns(
+            ready,
+            rank=lambda t: (t.tier, t.tag),
+            flow=lambda t: t.flow,
+            last_served=lambda flow: self._served.get(flow, 0),
+        )
 
     def _next_run_at(self, now: float) -> float | None:
         later = [
@@ -191,6 +198,8 @@ class MemoryStore:
 
     def _lease(self, task: TaskRecord, worker: str, now: float, lease_for: float) -> Lease:
         self._virtual_time = fairness.advance(self._virtual_time, task.tag)
+        self._dispatches += 1
+        self._served[task.flow] = self._dispatches
         self._tickets[task.id] = task.gates
         number = task.attempt + 1
         record = replace(

@@ -342,6 +342,8 @@ class _Transaction:
         self.settings = settings
         self.now = now
         self._virtual_time: float | None = None
+        self._dispatches: int | None = None
+        self._served: dict[str, int] = {}
 
     # -- statements
 
@@ -456,7 +458,12 @@ class _Transaction:
         self.reap()
         self.age()
         book = GateBook(self.configs, self.gate_state, self.now)
-        candidates = self.candidates(kinds, book.refused_keys)
+        candidates = fairness.take_turns(
+            self.candidates(kinds, book.refused_keys),
+            rank=lambda task: (task.tier, task.tag),
+            flow=lambda task: task.flow,
+            last_served=self.last_served,
+        )
         leases: list[Lease] = []
         while len(leases) < limit and (task := next(candidates, None)) is not None:
             if gate_key(task.gates) in book.refused_keys or not book.admit(task.gates):
@@ -487,8 +494,24 @@ class _Transaction:
             last = batch[-1]
             after = (last["tier"], last["tag"], last["id"])
 
+    def last_served(self, flow: str) -> int:
+        if flow not in self._served:
+            found = self.row("flow_served", flow=flow)
+            self._served[flow] = 0 if found is None else int(found["served"])
+        return self._served[flow]
+
+    def mark_served(self, flow: str) -> None:
+        if self._dispatches is None:
+            found = self.row("dispatches")
+            self._dispatches = 0 if found is None else int(found["value"])
+        self._dispatches += 1
+        self._served[flow] = self._dispatches
+        self.run("save_flow_served", flow=flow, served=self._dispatches)
+        self.run("save_dispatches", value=self._dispatches)
+
     def lease(self, task: TaskRecord, worker: str, lease_for: float) -> Lease:
         self.advance_virtual_time(task.tag)
+        self.mark_served(task.flow)
         self.run_many("insert_ticket", ({"task_id": task.id, "gate": g} for g in task.gates))
         until = self.now + lease_for
         record = _record(self.one("lease_task", id=task.id, worker=worker, until=until))

@@ -95,6 +95,23 @@ SELECT finish_tag FROM flows WHERE flow = :flow;
 INSERT INTO flows (flow, finish_tag) VALUES (:flow, :finish)
 ON CONFLICT (flow) DO UPDATE SET finish_tag = excluded.finish_tag;
 
+-- name: flow_served
+-- When a flow was last served (a dispatch count; 0 = never).
+SELECT served FROM flows WHERE flow = :flow;
+
+-- name: save_flow_served
+-- Mark a flow served by dispatch number :served.
+UPDATE flows SET served = :served WHERE flow = :flow;
+
+-- name: dispatches
+-- How many tasks have been dispatched: numbers each dispatch for flows' turns.
+SELECT value FROM meta WHERE name = 'dispatches';
+
+-- name: save_dispatches
+-- Count dispatches.
+INSERT INTO meta (name, value) VALUES ('dispatches', :value)
+ON CONFLICT (name) DO UPDATE SET value = excluded.value;
+
 -- name: expired_leases
 -- Running tasks whose lease ran out: the reaper's work (unordered, so the lease index serves).
 SELECT * FROM tasks WHERE state = 'running' AND lease_until <= :now;

@@ -73,10 +73,11 @@ CREATE TABLE gates (
     first_blocked_at       REAL
 ) WITHOUT ROWID;
 
--- Each flow's finish tag: where its next task's start tag begins.
+-- Each flow's finish tag (where its next task's start tag begins) and when it was last served
+-- (the dispatch count then), so flows take turns within a round of equal tags.
 CREATE TABLE flows (
     flow       TEXT PRIMARY KEY,
-    finish_tag REAL NOT NULL
+    finish_tag REAL NOT NULL, served INTEGER NOT NULL DEFAULT 0
 ) WITHOUT ROWID;
 
 -- Store-wide numbers, e.g. the fair-queueing virtual time.
