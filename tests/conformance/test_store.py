@@ -594,3 +594,21 @@ async def test_a_flow_joining_mid_round_takes_turns(store: Store) -> None:
     await store.submit([task("b0", flow="b"), task("b1", flow="b"), task("a1", flow="a")])
     # b0 shares a0's round; in the next round a, served longer ago, goes before b.
     assert refs(await claim(store)) == ["b0", "a1", "b1"]
+
+
+async def test_bad_successors_refuse_the_outcome_and_change_nothing(store: Store) -> None:
+    [sub] = await store.submit([task("script")])
+    [lease] = await claim(store)
+    with pytest.raises(UnknownGate):
+        await store.finish(lease, Succeeded(successors=(task("s", gates=("nope",)),)))
+    with pytest.raises(UnknownTask):
+        await store.finish(lease, Succeeded(successors=(task("s", after=(999,)),)))
+    assert (await store.get(sub.id)).state is TaskState.RUNNING
+    assert len(await store.tasks()) == 1
+    await store.finish(lease, Succeeded(successors=(task("s"),)))
+    assert len(await store.tasks()) == 2
+
+
+def test_an_empty_key_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"task\.key"):
+        task("a", key="")

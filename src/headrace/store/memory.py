@@ -14,12 +14,23 @@ from dataclasses import replace
 from headrace.policy import fairness
 from headrace.policy import gate as gating
 from headrace.policy.clock import Clock, LoopClock
-from headrace.policy.errors import ConfigError, ErrorClass, LeaseLost, QueueFull, UnknownTask
+from headrace.policy.errors import (
+    ConfigError,
+    ErrorClass,
+    LeaseLost,
+    QueueFull,
+    UnknownGate,
+    UnknownTask,
+)
 from headrace.policy.gate import GateConfig, GateState, GateStatistics
 from headrace.policy.tiers import AGING_CEILING, aged_tier
 from headrace.store.dispatch import GateBook, earliest, gate_key
 from headrace.store.types import (
     ACTIVE,
+    CANCELLED,
+    LEASE_EXPIRED,
+    POISON,
+    UPSTREAM_FAILED,
     Attempt,
     AttemptError,
     AttemptOutcome,
@@ -40,10 +51,6 @@ from headrace.store.types import (
     TaskRecord,
     TaskState,
 )
-
-UPSTREAM_FAILED = "upstream_failed"
-LEASE_EXPIRED = "lease_expired"
-POISON = "poison_lease_expired"
 
 
 class MemoryStore:
@@ -287,6 +294,8 @@ class MemoryStore:
             return
         if task.state is TaskState.WAITING and isinstance(outcome, AwaitRemote):
             raise ConfigError("AwaitRemote: the task is already waiting on a remote job")
+        if isinstance(outcome, Succeeded):
+            self._check_batch(outcome.successors, {})  # refused whole, before anything changes
         self._apply(task, outcome, now)
 
     def _apply(self, task: TaskRecord, outcome: Outcome, now: float) -> None:
@@ -303,6 +312,8 @@ class MemoryStore:
                 worker=None,
                 lease_until=None,
                 remote_id=None,
+                poll_every=None,
+                remote_deadline=None,
                 error_code=outcome.error.code,
             )
         elif isinstance(outcome, Dead):
@@ -387,7 +398,7 @@ class MemoryStore:
             raise UnknownTask(task_id)
         if task.state.terminal:
             return False
-        self._cancel_tree(task_id, self.clock.now(), "cancelled")
+        self._cancel_tree(task_id, self.clock.now(), CANCELLED)
         return True
 
     def _cancel_tree(self, task_id: int, now: float, code: str) -> None:
@@ -502,10 +513,14 @@ class MemoryStore:
 
     async def gate_statistics(self) -> list[GateStatistics]:
         now = self.clock.now()
-        return [
-            gating.statistics(gating.resolve(name, self._configs), state, now)
-            for name, state in sorted(self._gates.items())
-        ]
+        stats = []
+        for name, state in sorted(self._gates.items()):
+            try:
+                config = gating.resolve(name, self._configs)
+            except UnknownGate:
+                continue  # state kept for a gate this app no longer declares
+            stats.append(gating.statistics(config, state, now))
+        return stats
 
     def active(self) -> int:
         return sum(1 for t in self._tasks.values() if t.state in ACTIVE)

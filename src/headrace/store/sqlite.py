@@ -40,8 +40,10 @@ from headrace.policy.gate import GateConfig, GateState, GateStatistics
 from headrace.policy.tiers import AGING_CEILING, Tier, aged_tier
 from headrace.store import sql
 from headrace.store.dispatch import GateBook, earliest, gate_key
-from headrace.store.memory import LEASE_EXPIRED, POISON, UPSTREAM_FAILED
 from headrace.store.types import (
+    LEASE_EXPIRED,
+    POISON,
+    UPSTREAM_FAILED,
     Attempt,
     AttemptError,
     AttemptOutcome,

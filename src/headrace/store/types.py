@@ -28,6 +28,12 @@ class TaskState(enum.Enum):
 
 
 TERMINAL = frozenset({TaskState.SUCCEEDED, TaskState.DEAD, TaskState.CANCELLED})
+
+# Error codes the store itself records.
+UPSTREAM_FAILED = "upstream_failed"  # cancelled: a task it waited on died or was cancelled
+LEASE_EXPIRED = "lease_expired"  # its worker stopped renewing the lease
+POISON = "poison_lease_expired"  # dead: its workers died while running it too many times
+CANCELLED = "cancelled"
 ACTIVE = frozenset(TaskState) - TERMINAL
 
 
@@ -60,6 +66,8 @@ class NewTask:
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise ConfigError(f"task.{name}: expected a non-empty string, got {value!r}")
+        if self.key is not None and (not isinstance(self.key, str) or not self.key):
+            raise ConfigError(f"task.key: expected a non-empty string or None, got {self.key!r}")
         if len(self.ref) > 512:
             raise ConfigError("task.ref: a stable record id, at most 512 characters")
         if isinstance(self.max_attempts, bool) or self.max_attempts < 1:

@@ -9,14 +9,6 @@ from headrace.policy.errors import ConfigError
 from headrace.store.base import Store
 
 
-def sqlite_path(url: str) -> str:
-    """The file path in a `sqlite:///...` URL (three slashes: relative; four: absolute)."""
-    prefix = "sqlite:///"
-    if not url.startswith(prefix) or len(url) == len(prefix):
-        raise ConfigError(f"store url: expected sqlite:///path/to/file.db, got {url!r}")
-    return url[len(prefix) :]
-
-
 def open_store(url: str, *, clock: Clock | None = None) -> Store:
     """A store for `url`; the store is opened later with `Store.open(settings)`."""
     scheme = urlsplit(url).scheme
@@ -27,7 +19,7 @@ def open_store(url: str, *, clock: Clock | None = None) -> Store:
     if scheme == "sqlite":
         from headrace.store.sqlite import SQLiteStore
 
-        return SQLiteStore(sqlite_path(url), clock=clock)
+        return SQLiteStore.from_url(url, clock=clock)
     raise ConfigError(
         f"store url: unknown scheme {scheme!r} in {url!r}; use memory:// or sqlite:///file.db"
     )

@@ -256,7 +256,7 @@ ON CONFLICT (grp, kind) DO UPDATE SET units = units + excluded.units;
 -- Queue a task for another attempt at run_at.
 UPDATE tasks
 SET state = 'ready', run_at = :run_at, worker = NULL, lease_until = NULL, remote_id = NULL,
-    error_code = :code
+    poll_every = NULL, remote_deadline = NULL, error_code = :code
 WHERE id = :id;
 
 -- name: mark_waiting
