@@ -29,6 +29,7 @@ from headrace.policy.retry import Action
 from headrace.runtime.app import App, TaskDefinition
 from headrace.runtime.context import Context
 from headrace.runtime.results import Pending, RemoteWait, Result
+from headrace.store.dispatch import earliest
 from headrace.store.types import (
     ACTIVE,
     AttemptError,
@@ -98,6 +99,8 @@ class Worker:
         self._wake = asyncio.Event()
         self._stopping = False
         self._crash: BaseException | None = None
+        self._poll_due: float | None = None  # store time the next remote check may be due
+        self._polled_at = float("-inf")
         self._fail_fast = False
 
     # -- running
@@ -158,32 +161,42 @@ class Worker:
         return not any(counts[state] for state in ACTIVE)
 
     async def _fill(self) -> tuple[float | None, float | None]:
-        store = self.app.store
+        """Claim work for free slots and remote checks that are due; return when to look again
+        (store time) and the store's time now."""
         kinds = list(self.app.definitions)
-        claimed = (
-            await store.claim(
-                self.name, self.slots - len(self._running), lease_for=self.lease_for, kinds=kinds
+        claimed = None
+        if len(self._running) < self.slots:
+            free = self.slots - len(self._running)
+            claimed = await self.app.store.claim(
+                self.name, free, lease_for=self.lease_for, kinds=kinds
             )
-            if len(self._running) < self.slots
-            else None
+            for lease in claimed.leases:
+                self._start(lease, self._running, self._execute)
+            self.stats.claimed += len(claimed.leases)
+            self.stats.peak_busy = max(self.stats.peak_busy, len(self._running))
+        polls = await self._fill_polls(kinds, claimed.now if claimed else None)
+        wake_at = earliest(claimed.wake_at if claimed else None, self._poll_due)
+        return wake_at, _now(claimed, polls)
+
+    async def _fill_polls(self, kinds: list[str], now: float | None) -> ClaimResult | None:
+        # Ask only when a check may be due: the store said when, this worker just left a task
+        # waiting (poll_due None), or `idle` passed (another process may have done so).
+        if len(self._polling) >= self.poll_slots:
+            return None
+        due = self._poll_due
+        if now is not None and due is not None and now < min(due, self._polled_at + self.idle):
+            return None
+        free = self.poll_slots - len(self._polling)
+        polls = await self.app.store.claim_polls(
+            self.name, free, lease_for=self.lease_for, kinds=kinds
         )
-        polls = (
-            await store.claim_polls(
-                self.name,
-                self.poll_slots - len(self._polling),
-                lease_for=self.lease_for,
-                kinds=kinds,
-            )
-            if len(self._polling) < self.poll_slots
-            else None
-        )
-        for lease in claimed.leases if claimed else ():
-            self._start(lease, self._running, self._execute)
-        for lease in polls.leases if polls else ():
+        for lease in polls.leases:
             self._start(lease, self._polling, self._poll)
-        self.stats.claimed += len(claimed.leases) if claimed else 0
-        self.stats.peak_busy = max(self.stats.peak_busy, len(self._running))
-        return _earliest(claimed, polls), _now(claimed, polls)
+        self._polled_at = polls.now
+        self._poll_due = polls.wake_at if not polls.leases else None
+        if self._poll_due is None and not polls.leases:
+            self._poll_due = polls.now + self.idle
+        return polls
 
     def _start(
         self,
@@ -241,6 +254,7 @@ class Worker:
             if ctx.successors:
                 raise ConfigError("spawn: successors of a remote wait are made by its poller")
             self.stats.remote_waits += 1
+            self._poll_due = None
             return AwaitRemote(returned.remote_id, returned.every, returned.timeout)
         if returned is not None and not isinstance(returned, Result):
             raise ConfigError(
@@ -398,11 +412,6 @@ class Worker:
 
 def _unexpected(error: Exception) -> TaskFailure:
     return Transient(f"{type(error).__name__}: {error}", code=type(error).__name__.lower())
-
-
-def _earliest(*results: ClaimResult | None) -> float | None:
-    times = [r.wake_at for r in results if r is not None and r.wake_at is not None]
-    return min(times, default=None)
 
 
 def _now(*results: ClaimResult | None) -> float | None:
