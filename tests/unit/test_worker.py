@@ -341,3 +341,54 @@ async def test_a_wrong_return_value_is_a_clear_error(caplog: pytest.LogCaptureFi
         await odd.submit("x")
         with pytest.raises(hr.ConfigError, match="returns None, Result"):
             await hr.Worker(app).drain()
+
+
+async def test_a_handler_bug_is_logged_without_its_secrets(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = hr.App("memory://")
+
+    @app.task(max_attempts=1)
+    async def leaky(ctx: hr.Context, ref: str) -> None:
+        raise RuntimeError("GET https://cdn.example/x.mp4?X-Amz-Signature=abc123 failed")
+
+    caplog.set_level(logging.ERROR, logger="headrace.worker")
+    async with app:
+        task_id = await leaky.submit("x")
+        await hr.Worker(app).drain(fail_fast=False)
+        [attempt] = await app.store.attempts(task_id)
+    assert "RuntimeError" in caplog.text
+    assert "abc123" not in caplog.text
+    assert attempt.message is not None
+    assert "abc123" not in attempt.message
+
+
+async def test_a_restarted_worker_polls_the_remote_job_instead_of_resubmitting() -> None:
+    app = hr.App("memory://")
+    submissions = 0
+    polls = 0
+
+    async def check(ctx: hr.Context, remote_id: str) -> hr.Result | hr.Pending:
+        nonlocal polls
+        polls += 1
+        return hr.Result() if polls >= 2 else hr.Pending()
+
+    @app.task(poll=check)
+    async def clip(ctx: hr.Context, ref: str) -> hr.RemoteWait:
+        nonlocal submissions
+        submissions += 1
+        return ctx.await_remote(f"job-{ref}", every="5s")
+
+    async with app:
+        task_id = await clip.submit("a")
+        first = hr.Worker(app, name="first")
+        running = asyncio.create_task(first.run())
+        await asyncio.sleep(1.0)
+        first.stop()
+        await running
+        assert (await app.store.get(task_id)).state is TaskState.WAITING
+        await hr.Worker(app, name="second").drain()
+        record = await app.store.get(task_id)
+    assert record.state is TaskState.SUCCEEDED
+    assert submissions == 1
+    assert polls == 2

@@ -22,10 +22,11 @@ _RULES: tuple[tuple[re.Pattern[str], str], ...] = (
 MAX_MESSAGE = 500
 
 
-def redact(text: str) -> str:
-    """`text` with credentials, signed-URL queries and tokens removed, cut to a safe length."""
+def redact(text: str, *, limit: int | None = MAX_MESSAGE) -> str:
+    """`text` with credentials, signed-URL queries and tokens removed, cut to `limit`
+    characters (None: keep the length, e.g. for a traceback in a log)."""
     for pattern, replacement in _RULES:
         text = pattern.sub(replacement, text)
-    if len(text) > MAX_MESSAGE:
-        text = text[: MAX_MESSAGE - 1] + "…"
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1] + "…"
     return text

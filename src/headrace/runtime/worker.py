@@ -17,6 +17,7 @@ import os
 import random
 import signal
 import socket
+import traceback
 import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -25,6 +26,7 @@ from typing import Any
 
 from headrace.policy.durations import Duration, seconds
 from headrace.policy.errors import ConfigError, ErrorClass, LeaseLost, TaskFailure, Transient
+from headrace.policy.redact import redact
 from headrace.policy.retry import Action
 from headrace.runtime.app import App, TaskDefinition
 from headrace.runtime.context import Context
@@ -120,7 +122,7 @@ class Worker:
         a handler raised that is not a TaskFailure is re-raised here (after it was recorded)."""
         self._fail_fast = fail_fast
         await self._serve(until_idle=True)
-        if self._crash is not None:
+        if self._crash is not None and fail_fast:
             raise self._crash
         return self.stats
 
@@ -320,7 +322,9 @@ class Worker:
             )
 
     def _note_crash(self, error: BaseException) -> None:
-        log.exception("handler raised %s", type(error).__name__, exc_info=error)
+        # The traceback helps whoever fixes the handler; its messages may carry secrets.
+        trace = redact("".join(traceback.format_exception(error)), limit=None)
+        log.error("handler raised %s\n%s", type(error).__name__, trace)
         if self._crash is None:
             self._crash = error
 

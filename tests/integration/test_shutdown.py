@@ -1,0 +1,83 @@
+"""`headrace worker` on SIGTERM: stop claiming, let running tasks finish within the grace
+period, hand the rest back; nothing is lost. Real time on purpose: a real signal."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from headrace.store.types import TaskState
+from tests.integration.slow_app import make_app
+
+from .processes import ROOT, counts, read, stop, wait_until
+
+pytestmark = pytest.mark.realtime
+
+
+def submit(tasks: int) -> None:
+    async def run() -> None:
+        app = make_app()
+        slow = app.definition("slow")
+        async with app:
+            for n in range(tasks):
+                await slow.submit(f"t{n}")
+
+    asyncio.run(run())
+
+
+def start(env: dict[str, str], *options: str) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "headrace", "worker", "tests.integration.slow_app:make_app"]
+    return subprocess.Popen([*command, "--idle", "0.1s", *options], cwd=ROOT, env=env, text=True)
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    monkeypatch.setenv("HEADRACE_DB", f"sqlite:///{tmp_path / 'slow.db'}")
+    return dict(os.environ)
+
+
+def running(db: Path, n: int) -> bool:
+    return counts(db)[TaskState.RUNNING] == n
+
+
+def test_sigterm_lets_running_tasks_finish_and_claims_nothing_more(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    db = tmp_path / "slow.db"
+    env["SLOW_SECONDS"] = "1.5"
+    submit(4)
+    worker = start(env, "--slots", "2", "--grace", "20s")
+    try:
+        wait_until(lambda: running(db, 2), 20, "two running tasks")
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=20) == 0
+    finally:
+        stop(worker, signal.SIGKILL)
+    found = counts(db)
+    assert found[TaskState.SUCCEEDED] == 2
+    assert found[TaskState.READY] == 2
+    assert found[TaskState.RUNNING] == 0
+
+
+def test_past_the_grace_period_running_tasks_are_handed_back(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    db = tmp_path / "slow.db"
+    env["SLOW_SECONDS"] = "600"
+    submit(2)
+    worker = start(env, "--slots", "2", "--grace", "0.5s")
+    try:
+        wait_until(lambda: running(db, 2), 20, "two running tasks")
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=20) == 0
+    finally:
+        stop(worker, signal.SIGKILL)
+    tasks = read(db, lambda store: store.tasks())
+    assert {t.state for t in tasks} == {TaskState.READY}
+    assert {t.error_code for t in tasks} == {"interrupted"}
