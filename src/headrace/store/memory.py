@@ -6,6 +6,7 @@ holds them to it); its time is the running event loop's clock unless a clock is 
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections import defaultdict
 from collections.abc import Collection, Iterator, Mapping, Sequence
@@ -70,6 +71,13 @@ class MemoryStore:
         self._dispatches = 0
         self._served: dict[str, int] = {}
         self._attempts: dict[int, list[Attempt]] = defaultdict(list)
+        # Indexes over _tasks, kept by _put. Heap entries go stale rather than being removed:
+        # an entry counts only while it still describes its task.
+        self._ready: dict[str, list[tuple[int, float, int]]] = defaultdict(list)  # by gate key
+        self._delayed: list[tuple[float, int]] = []  # ready, but not before run_at
+        self._aging: list[tuple[float, int]] = []  # ready below the aging ceiling
+        self._running: set[int] = set()
+        self._waiting: set[int] = set()
         self._ledger: dict[tuple[str, str], float] = defaultdict(float)
 
     # -- lifecycle
@@ -151,7 +159,7 @@ class MemoryStore:
             run_at=now + task.delay,
             ready_since=None if unmet else now,
         )
-        self._tasks[task_id] = record
+        self._put(record)
         if task.key:
             self._keys[task.key] = task_id
         for dep in unmet:
@@ -161,6 +169,46 @@ class MemoryStore:
             self._cancel_tree(task_id, now, UPSTREAM_FAILED)
         return task_id
 
+    # -- the task table and its indexes
+
+    def _put(self, record: TaskRecord) -> None:
+        old = self._tasks.get(record.id)
+        self._tasks[record.id] = record
+        for index, state in (
+            (self._running, TaskState.RUNNING),
+            (self._waiting, TaskState.WAITING),
+        ):
+            if record.state is state:
+                index.add(record.id)
+            else:
+                index.discard(record.id)
+        if record.state is TaskState.READY and (
+            old is None
+            or old.state is not TaskState.READY
+            or (old.tier, old.run_at) != (record.tier, record.run_at)
+        ):
+            self._enqueue(record)
+
+    def _enqueue(self, task: TaskRecord) -> None:
+        if task.run_at > self.clock.now():
+            heapq.heappush(self._delayed, (task.run_at, task.id))
+        else:
+            heapq.heappush(self._ready[gate_key(task.gates)], _entry(task))
+        if task.tier > AGING_CEILING and task.ready_since is not None:
+            heapq.heappush(self._aging, (task.ready_since, task.id))
+
+    def _is_queued(self, entry: tuple[int, float, int]) -> bool:
+        task = self._tasks[entry[2]]
+        return task.state is TaskState.READY and _entry(task) == entry
+
+    def _due(self, now: float) -> None:
+        """Move retries whose run_at has come into the ready queues."""
+        while self._delayed and self._delayed[0][0] <= now:
+            _, task_id = heapq.heappop(self._delayed)
+            task = self._tasks[task_id]
+            if task.state is TaskState.READY and task.run_at <= now:
+                heapq.heappush(self._ready[gate_key(task.gates)], _entry(task))
+
     # -- claiming
 
     async def claim(
@@ -169,39 +217,58 @@ class MemoryStore:
         now = self.clock.now()
         self._reap(now)
         self._age(now)
+        self._due(now)
         book = GateBook(self._configs, self._gate_state, now)
         leases: list[Lease] = []
-        for task in self._candidates(now, kinds):
+        popped: list[tuple[str, tuple[int, float, int]]] = []
+        ordered = fairness.take_turns(
+            self._candidates(kinds, book.refused_keys, popped),
+            rank=lambda t: (t.tier, t.tag),
+            flow=lambda t: t.flow,
+            last_served=lambda flow: self._served.get(flow, 0),
+        )
+        for task in ordered:
             if len(leases) >= limit:
                 break
             if gate_key(task.gates) in book.refused_keys or not book.admit(task.gates):
                 continue
             leases.append(self._lease(task, worker, now, lease_for))
+        for key, entry in popped:  # what was looked at but not leased goes back in line
+            if self._is_queued(entry):
+                heapq.heappush(self._ready[key], entry)
         self._gates.update({name: book.states[name] for name in book.changed})
-        return ClaimResult(tuple(leases), now, earliest(book.wake_at(), self._next_run_at(now)))
+        return ClaimResult(tuple(leases), now, earliest(book.wake_at(), self._next_run_at()))
 
     def _gate_state(self, name: str) -> GateState:
         return self._gates.get(name, GateState())
 
-    def _candidates(self, now: float, kinds: Collection[str] | None) -> Iterator[TaskRecord]:
-        ready = [
-            t
-            for t in self._tasks.values()
-            if t.state is TaskState.READY and t.run_at <= now and (kinds is None or t.kind in kinds)
-        ]
-        ready.sort(key=lambda t: (t.tier, t.tag, t.id))
-        return fairness.take_turns(
-            ready,
-            rank=lambda t: (t.tier, t.tag),
-            flow=lambda t: t.flow,
-            last_served=lambda flow: self._served.get(flow, 0),
-        )
+    def _candidates(
+        self,
+        kinds: Collection[str] | None,
+        refused: set[str],
+        popped: list[tuple[str, tuple[int, float, int]]],
+    ) -> Iterator[TaskRecord]:
+        """Ready tasks in (tier, tag, id) order: a merge of the per-gate-key queues that stops
+        drawing from a queue once its gates refused (every task in it would be refused too)."""
+        heads = [(queue[0], key) for key, queue in self._ready.items() if queue]
+        heapq.heapify(heads)
+        while heads:
+            entry, key = heapq.heappop(heads)
+            queue = self._ready[key]
+            heapq.heappop(queue)
+            if queue and key not in refused:
+                heapq.heappush(heads, (queue[0], key))
+            if not self._is_queued(entry):
+                continue
+            popped.append((key, entry))
+            task = self._tasks[entry[2]]
+            if kinds is None or task.kind in kinds:
+                yield task
 
-    def _next_run_at(self, now: float) -> float | None:
-        later = [
-            t.run_at for t in self._tasks.values() if t.state is TaskState.READY and t.run_at > now
-        ]
-        return min(later, default=None)
+    def _next_run_at(self) -> float | None:
+        while self._delayed and self._tasks[self._delayed[0][1]].state is not TaskState.READY:
+            heapq.heappop(self._delayed)
+        return self._delayed[0][0] if self._delayed else None
 
     def _lease(self, task: TaskRecord, worker: str, now: float, lease_for: float) -> Lease:
         self._virtual_time = fairness.advance(self._virtual_time, task.tag)
@@ -217,25 +284,26 @@ class MemoryStore:
             lease_until=now + lease_for,
             lease_token=task.lease_token + 1,
         )
-        self._tasks[task.id] = record
+        self._put(record)
         self._attempts[task.id].append(Attempt(task.id, number, worker, now))
         return Lease(record, record.lease_token, now + lease_for)
 
     def _age(self, now: float) -> None:
         step = self.settings.aging_step
-        for task in list(self._tasks.values()):
-            if task.state is not TaskState.READY or task.tier <= AGING_CEILING:
+        while self._aging and step > 0 and self._aging[0][0] <= now - step:
+            _, task_id = heapq.heappop(self._aging)
+            task = self._tasks[task_id]
+            if task.state is not TaskState.READY or task.ready_since is None:
                 continue
-            waited = now - (task.ready_since if task.ready_since is not None else now)
-            tier = aged_tier(task.tier, waited, step)
+            tier = aged_tier(task.tier, now - task.ready_since, step)
             if tier != task.tier:
-                self._tasks[task.id] = replace(task, tier=tier, promoted_at=now)
+                self._put(replace(task, tier=tier, promoted_at=now))
 
     async def claim_polls(
         self, worker: str, limit: int, *, lease_for: float, kinds: Collection[str] | None = None
     ) -> ClaimResult:
         now = self.clock.now()
-        waiting = [t for t in self._tasks.values() if t.state is TaskState.WAITING]
+        waiting = [self._tasks[task_id] for task_id in self._waiting]
         due = sorted(
             (
                 t
@@ -251,7 +319,7 @@ class MemoryStore:
             record = replace(
                 task, worker=worker, lease_until=now + lease_for, lease_token=task.lease_token + 1
             )
-            self._tasks[task.id] = record
+            self._put(record)
             leases.append(Lease(record, record.lease_token, now + lease_for))
         later = [t.run_at for t in waiting if t.run_at > now]
         return ClaimResult(tuple(leases), now, min(later, default=None))
@@ -267,7 +335,7 @@ class MemoryStore:
                 renewed.append(None)
                 continue
             record = replace(task, lease_until=now + lease_for)
-            self._tasks[task.id] = record
+            self._put(record)
             renewed.append(Lease(record, lease.token, now + lease_for))
         return renewed
 
@@ -288,9 +356,7 @@ class MemoryStore:
         if isinstance(outcome, PollAgain):
             if task.state is not TaskState.WAITING:
                 raise ConfigError("PollAgain: only a waiting task can be polled again")
-            self._tasks[task.id] = replace(
-                task, run_at=now + outcome.delay, lease_until=None, worker=None
-            )
+            self._put(replace(task, run_at=now + outcome.delay, lease_until=None, worker=None))
             return
         if task.state is TaskState.WAITING and isinstance(outcome, AwaitRemote):
             raise ConfigError("AwaitRemote: the task is already waiting on a remote job")
@@ -305,16 +371,18 @@ class MemoryStore:
             self._penalize(outcome.penalize, now)
             self._end_attempt(task, now, AttemptOutcome.RETRY, outcome.error)
             self._release(task.id)
-            self._tasks[task.id] = replace(
-                task,
-                state=TaskState.READY,
-                run_at=now + outcome.delay,
-                worker=None,
-                lease_until=None,
-                remote_id=None,
-                poll_every=None,
-                remote_deadline=None,
-                error_code=outcome.error.code,
+            self._put(
+                replace(
+                    task,
+                    state=TaskState.READY,
+                    run_at=now + outcome.delay,
+                    worker=None,
+                    lease_until=None,
+                    remote_id=None,
+                    poll_every=None,
+                    remote_deadline=None,
+                    error_code=outcome.error.code,
+                )
             )
         elif isinstance(outcome, Dead):
             self._penalize(outcome.penalize, now)
@@ -323,15 +391,17 @@ class MemoryStore:
         elif isinstance(outcome, AwaitRemote):
             self._end_attempt(task, now, AttemptOutcome.WAITING, None)
             deadline = now + outcome.timeout if outcome.timeout is not None else None
-            self._tasks[task.id] = replace(
-                task,
-                state=TaskState.WAITING,
-                remote_id=outcome.remote_id,
-                poll_every=outcome.poll_every,
-                remote_deadline=deadline,
-                run_at=now + outcome.poll_every,
-                worker=None,
-                lease_until=None,
+            self._put(
+                replace(
+                    task,
+                    state=TaskState.WAITING,
+                    remote_id=outcome.remote_id,
+                    poll_every=outcome.poll_every,
+                    remote_deadline=deadline,
+                    run_at=now + outcome.poll_every,
+                    worker=None,
+                    lease_until=None,
+                )
             )
 
     def _succeed(self, task: TaskRecord, outcome: Succeeded, now: float) -> None:
@@ -340,8 +410,10 @@ class MemoryStore:
         else:
             self._close_remote_attempt(task, now, AttemptOutcome.SUCCEEDED, None)
         self._release(task.id)
-        self._tasks[task.id] = replace(
-            task, state=TaskState.SUCCEEDED, finished_at=now, lease_until=None, error_code=None
+        self._put(
+            replace(
+                task, state=TaskState.SUCCEEDED, finished_at=now, lease_until=None, error_code=None
+            )
         )
         units = outcome.cost if outcome.cost is not None else task.cost
         self._ledger[(task.group or "", task.kind)] += units
@@ -350,17 +422,19 @@ class MemoryStore:
             self._unmet[dependent] -= 1
             record = self._tasks[dependent]
             if self._unmet[dependent] == 0 and record.state is TaskState.PENDING:
-                self._tasks[dependent] = replace(record, state=TaskState.READY, ready_since=now)
+                self._put(replace(record, state=TaskState.READY, ready_since=now))
 
     def _bury(self, task: TaskRecord, now: float, code: str) -> None:
         self._release(task.id)
-        self._tasks[task.id] = replace(
-            task,
-            state=TaskState.DEAD,
-            finished_at=now,
-            worker=None,
-            lease_until=None,
-            error_code=code,
+        self._put(
+            replace(
+                task,
+                state=TaskState.DEAD,
+                finished_at=now,
+                worker=None,
+                lease_until=None,
+                error_code=code,
+            )
         )
         for dependent in sorted(self._dependents.pop(task.id, set())):
             self._cancel_tree(dependent, now, UPSTREAM_FAILED)
@@ -411,13 +485,15 @@ class MemoryStore:
                 history = self._attempts[task_id]
                 history[-1] = _ended(history[-1], now, AttemptOutcome.CANCELLED, None)
         self._release(task_id)
-        self._tasks[task_id] = replace(
-            task,
-            state=TaskState.CANCELLED,
-            finished_at=now,
-            worker=None,
-            lease_until=None,
-            error_code=code,
+        self._put(
+            replace(
+                task,
+                state=TaskState.CANCELLED,
+                finished_at=now,
+                worker=None,
+                lease_until=None,
+                error_code=code,
+            )
         )
         for dependent in sorted(self._dependents.pop(task_id, set())):
             self._cancel_tree(dependent, now, UPSTREAM_FAILED)
@@ -426,11 +502,9 @@ class MemoryStore:
         return self._reap(self.clock.now())
 
     def _reap(self, now: float) -> int:
-        expired = [
-            t
-            for t in self._tasks.values()
-            if t.state is TaskState.RUNNING and t.lease_until is not None and t.lease_until <= now
-        ]
+        running = (self._tasks[task_id] for task_id in self._running)
+        expired = [t for t in running if t.lease_until is not None and t.lease_until <= now]
+        expired.sort(key=lambda t: t.id)
         for task in expired:
             self._expire(task, now)
         return len(expired)
@@ -446,13 +520,15 @@ class MemoryStore:
             self._bury(task, now, code)
             return
         self._release(task.id)
-        self._tasks[task.id] = replace(
-            task,
-            state=TaskState.READY,
-            run_at=now,
-            worker=None,
-            lease_until=None,
-            error_code=LEASE_EXPIRED,
+        self._put(
+            replace(
+                task,
+                state=TaskState.READY,
+                run_at=now,
+                worker=None,
+                lease_until=None,
+                error_code=LEASE_EXPIRED,
+            )
         )
 
     # -- reading
@@ -524,6 +600,10 @@ class MemoryStore:
 
     def active(self) -> int:
         return sum(1 for t in self._tasks.values() if t.state in ACTIVE)
+
+
+def _entry(task: TaskRecord) -> tuple[int, float, int]:
+    return (int(task.tier), task.tag, task.id)
 
 
 def _ended(
