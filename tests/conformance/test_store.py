@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import pytest
@@ -612,3 +613,66 @@ async def test_bad_successors_refuse_the_outcome_and_change_nothing(store: Store
 def test_an_empty_key_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"task\.key"):
         task("a", key="")
+
+
+# -- dead letters
+
+
+async def test_a_redrive_gives_a_dead_task_a_fresh_budget_once(
+    store: Store, clock: ManualClock
+) -> None:
+    [sub] = await store.submit([task("a", max_attempts=2, group="ep1")])
+    for _ in range(2):
+        [lease] = await claim(store)
+        await store.finish(lease, Retry(boom(), delay=0.0))
+    assert (await store.get(sub.id)).state is TaskState.READY
+    [lease] = await claim(store)
+    await store.finish(lease, Dead(boom()))
+    redrives = await asyncio.gather(store.redrive(), store.redrive(group="ep1"))
+    assert sorted(redrives, key=len) == [[], [sub.id]]
+    record = await store.get(sub.id)
+    assert record.state is TaskState.READY
+    assert record.attempts_used == 0
+    assert record.error_code is None
+    [lease] = await claim(store)
+    assert lease.task.attempt == 4
+    await store.finish(lease, Succeeded())
+    numbers = [a.number for a in await store.attempts(sub.id)]
+    assert numbers == [1, 2, 3, 4]
+
+
+async def test_a_redrive_restores_the_tasks_that_waited_on_it(store: Store) -> None:
+    subs = await store.submit(
+        [
+            task("shot", group="ep1"),
+            task("other", group="ep1"),
+            task("assembly", group="ep1", after=(Sibling(0), Sibling(1))),
+            task("publish", group="ep1", after=(Sibling(2),)),
+        ]
+    )
+    leases = {lease.task.ref: lease for lease in await claim(store)}
+    await store.finish(leases["shot"], Dead(boom(ErrorClass.FATAL)))
+    await store.finish(leases["other"], Succeeded())
+    assert (await store.get(subs[3].id)).state is TaskState.CANCELLED
+    assert await store.redrive(task_ids=[subs[0].id]) == [subs[0].id]
+    assert (await store.get(subs[2].id)).state is TaskState.PENDING
+    assert (await store.get(subs[3].id)).state is TaskState.PENDING
+    for lease in await claim(store):
+        await store.finish(lease, Succeeded())
+    assert (await store.get(subs[2].id)).state is TaskState.READY
+
+
+async def test_redrive_filters_by_group_kind_and_id(store: Store) -> None:
+    subs = await store.submit(
+        [
+            task("a", kind="image", group="ep1", max_attempts=1),
+            task("b", kind="video", group="ep1", max_attempts=1),
+            task("c", kind="image", group="ep2", max_attempts=1),
+        ]
+    )
+    for lease in await claim(store):
+        await store.finish(lease, Dead(boom(ErrorClass.FATAL)))
+    assert await store.redrive(kind="image", group="ep2") == [subs[2].id]
+    assert await store.redrive(task_ids=[subs[0].id, subs[2].id]) == [subs[0].id]
+    assert await store.redrive(group="ep1") == [subs[1].id]
+    assert await store.redrive() == []

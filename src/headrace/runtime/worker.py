@@ -270,7 +270,7 @@ class Worker:
     def _failed(self, lease: Lease, definition: TaskDefinition, failure: TaskFailure) -> Outcome:
         retry_after = getattr(failure, "retry_after", None)
         decision = definition.options.retry.decide(
-            lease.task.attempt, failure.error_class, self.rng, retry_after
+            lease.task.attempts_used, failure.error_class, self.rng, retry_after
         )
         error = AttemptError.of(failure.error_class, failure.code, failure.message)
         penalize = self._penalized(lease, failure) if decision.penalize else ()

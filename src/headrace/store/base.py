@@ -67,6 +67,18 @@ class Store(Protocol):
         """Cancel a task that has no outcome yet, and the tasks that depend on it."""
         ...
 
+    async def redrive(
+        self,
+        *,
+        task_ids: Collection[int] | None = None,
+        group: str | None = None,
+        kind: str | None = None,
+    ) -> list[int]:
+        """Re-enqueue dead tasks (those matching every filter given) with a fresh attempt
+        budget, and restore the tasks cancelled because they waited on them; return the ids
+        re-enqueued. Each dead task is re-enqueued once, however many redrives race."""
+        ...
+
     async def reap(self) -> int:
         """Make tasks whose lease expired ready again (or dead when spent); return how many."""
         ...

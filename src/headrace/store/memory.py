@@ -63,6 +63,7 @@ class MemoryStore:
         self._ids = itertools.count(1)
         self._keys: dict[str, int] = {}
         self._dependents: dict[int, set[int]] = defaultdict(set)
+        self._deps: dict[int, set[int]] = defaultdict(set)
         self._unmet: dict[int, int] = {}
         self._tickets: dict[int, tuple[str, ...]] = {}
         self._gates: dict[str, GateState] = {}
@@ -164,6 +165,7 @@ class MemoryStore:
             self._keys[task.key] = task_id
         for dep in unmet:
             self._dependents[dep].add(task_id)
+            self._deps[task_id].add(dep)
         self._unmet[task_id] = len(unmet)
         if failed:
             self._cancel_tree(task_id, now, UPSTREAM_FAILED)
@@ -436,7 +438,7 @@ class MemoryStore:
                 error_code=code,
             )
         )
-        for dependent in sorted(self._dependents.pop(task.id, set())):
+        for dependent in sorted(self._dependents.get(task.id, set())):
             self._cancel_tree(dependent, now, UPSTREAM_FAILED)
 
     def _end_attempt(
@@ -495,8 +497,57 @@ class MemoryStore:
                 error_code=code,
             )
         )
-        for dependent in sorted(self._dependents.pop(task_id, set())):
+        for dependent in sorted(self._dependents.get(task_id, set())):
             self._cancel_tree(dependent, now, UPSTREAM_FAILED)
+
+    async def redrive(
+        self,
+        *,
+        task_ids: Collection[int] | None = None,
+        group: str | None = None,
+        kind: str | None = None,
+    ) -> list[int]:
+        now = self.clock.now()
+        wanted = set(task_ids) if task_ids is not None else None
+        chosen = [
+            t
+            for t in self._tasks.values()
+            if t.state is TaskState.DEAD
+            and (wanted is None or t.id in wanted)
+            and (group is None or t.group == group)
+            and (kind is None or t.kind == kind)
+        ]
+        for task in chosen:
+            self._put(
+                replace(
+                    task,
+                    state=TaskState.READY,
+                    run_at=now,
+                    ready_since=task.ready_since if task.ready_since is not None else now,
+                    attempt_base=task.attempt,
+                    expiries=0,
+                    error_code=None,
+                    finished_at=None,
+                )
+            )
+            self._restore_dependents(task.id)
+        return [t.id for t in chosen]
+
+    def _restore_dependents(self, task_id: int) -> None:
+        """Tasks cancelled only because they waited on `task_id` wait again."""
+        for dependent in sorted(self._dependents.get(task_id, set())):
+            record = self._tasks[dependent]
+            cancelled_for_it = (
+                record.state is TaskState.CANCELLED and record.error_code == UPSTREAM_FAILED
+            )
+            failed = (TaskState.DEAD, TaskState.CANCELLED)
+            if cancelled_for_it and all(
+                self._tasks[dep].state not in failed for dep in self._deps[dependent]
+            ):
+                self._put(
+                    replace(record, state=TaskState.PENDING, finished_at=None, error_code=None)
+                )
+                self._restore_dependents(dependent)
 
     async def reap(self) -> int:
         return self._reap(self.clock.now())
@@ -515,7 +566,7 @@ class MemoryStore:
         history[-1] = _ended(history[-1], now, AttemptOutcome.LEASE_EXPIRED, error)
         expiries = task.expiries + 1
         task = replace(task, expiries=expiries)
-        if expiries >= self.settings.poison_expiries or task.attempt >= task.max_attempts:
+        if expiries >= self.settings.poison_expiries or task.attempts_used >= task.max_attempts:
             code = POISON if expiries >= self.settings.poison_expiries else LEASE_EXPIRED
             self._bury(task, now, code)
             return

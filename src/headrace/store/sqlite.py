@@ -168,6 +168,16 @@ class SQLiteStore:
     async def cancel(self, task_id: int) -> bool:
         return await self._write(lambda tx: tx.cancel(task_id))
 
+    async def redrive(
+        self,
+        *,
+        task_ids: Collection[int] | None = None,
+        group: str | None = None,
+        kind: str | None = None,
+    ) -> list[int]:
+        ids = None if task_ids is None else json.dumps(sorted(task_ids))
+        return await self._write(lambda tx: tx.redrive(ids, group, kind))
+
     async def reap(self) -> int:
         return await self._write(lambda tx: tx.reap())
 
@@ -607,7 +617,6 @@ class _Transaction:
         self.run("add_to_ledger", grp=task.group or "", kind=task.kind, units=units)
         self.create(outcome.successors)
         self.run("unblock_dependents", dep_id=task.id)
-        self.rows("pop_dependents", dep_id=task.id)
 
     def retry(self, task: TaskRecord, outcome: Retry) -> None:
         self.penalize(outcome.penalize)
@@ -650,17 +659,32 @@ class _Transaction:
 
     def bury(self, task_id: int, code: str) -> None:
         self.end_task(task_id, TaskState.DEAD, code)
-        for dependent in self.pop_dependents(task_id):
+        for dependent in self.dependents(task_id):
             self.cancel_tree(dependent, UPSTREAM_FAILED)
 
     def end_task(self, task_id: int, state: TaskState, code: str) -> None:
         self.release(task_id)
         self.run("mark_ended", id=task_id, state=state.value, code=code)
 
-    def pop_dependents(self, task_id: int) -> list[int]:
-        return sorted(
-            int(found["task_id"]) for found in self.rows("pop_dependents", dep_id=task_id)
-        )
+    def dependents(self, task_id: int) -> list[int]:
+        return [int(found["task_id"]) for found in self.rows("dependents", dep_id=task_id)]
+
+    # -- dead letters
+
+    def redrive(self, ids: str | None, group: str | None, kind: str | None) -> list[int]:
+        redriven = []
+        for found in self.rows("dead_letters", ids=ids, grp=group, kind=kind):
+            if self.row("redrive_task", id=found["id"]) is not None:
+                redriven.append(int(found["id"]))
+                self.restore_dependents(int(found["id"]))
+        return redriven
+
+    def restore_dependents(self, task_id: int) -> None:
+        for dependent in self.dependents(task_id):
+            if self.one("failed_deps", id=dependent)["n"]:
+                continue
+            if self.row("restore_dependent", id=dependent) is not None:
+                self.restore_dependents(dependent)
 
     # -- cancellation and reaping
 
@@ -680,7 +704,7 @@ class _Transaction:
             if task.state in (TaskState.RUNNING, TaskState.WAITING):
                 self.end_attempt(task, AttemptOutcome.CANCELLED, None)
             self.end_task(task_id, TaskState.CANCELLED, reason)
-            dependents = reversed(self.pop_dependents(task_id))
+            dependents = reversed(self.dependents(task_id))
             pending.extend((dependent, UPSTREAM_FAILED) for dependent in dependents)
 
     def reap(self) -> int:
@@ -693,7 +717,7 @@ class _Transaction:
         error = AttemptError.of(ErrorClass.TRANSIENT, LEASE_EXPIRED, "worker lost its lease")
         self.end_attempt(task, AttemptOutcome.LEASE_EXPIRED, error)
         poisoned = task.expiries + 1 >= self.settings.poison_expiries
-        if poisoned or task.attempt >= task.max_attempts:
+        if poisoned or task.attempts_used >= task.max_attempts:
             self.run("count_expiry", id=task.id)
             self.bury(task.id, POISON if poisoned else LEASE_EXPIRED)
             return
@@ -819,6 +843,7 @@ def _record(row: sqlite3.Row) -> TaskRecord:
         remote_deadline=row["remote_deadline"],
         error_code=row["error_code"],
         expiries=row["expiries"],
+        attempt_base=row["attempt_base"],
     )
 
 

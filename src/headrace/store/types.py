@@ -119,6 +119,12 @@ class TaskRecord:
     remote_deadline: float | None = None
     error_code: str | None = None
     expiries: int = 0
+    attempt_base: int = 0  # attempts made before the last redrive from the dead letters
+
+    @property
+    def attempts_used(self) -> int:
+        """Attempts counted against `max_attempts`: those since the last redrive."""
+        return self.attempt - self.attempt_base
 
 
 @dataclass(frozen=True)

@@ -73,9 +73,37 @@ SET unmet = unmet - 1,
     ready_since = CASE WHEN unmet = 1 AND state = 'pending' THEN :now ELSE ready_since END
 WHERE id IN (SELECT task_id FROM task_deps WHERE dep_id = :dep_id);
 
--- name: pop_dependents
--- Forget who waits on a task that reached its outcome, returning them.
-DELETE FROM task_deps WHERE dep_id = :dep_id RETURNING task_id;
+-- name: dependents
+-- Who waits on a task (kept after its outcome: a redrive may restore them).
+SELECT task_id FROM task_deps WHERE dep_id = :dep_id ORDER BY task_id;
+
+-- name: failed_deps
+-- How many of a task's dependencies are dead or cancelled.
+SELECT count(*) AS n FROM task_deps AS d JOIN tasks AS t ON t.id = d.dep_id
+WHERE d.task_id = :id AND t.state IN ('dead', 'cancelled');
+
+-- name: dead_letters
+-- Dead tasks, optionally by ids (a JSON array), group and kind.
+SELECT * FROM tasks
+WHERE state = 'dead'
+  AND (:ids IS NULL OR id IN (SELECT value FROM json_each(:ids)))
+  AND (:grp IS NULL OR grp = :grp)
+  AND (:kind IS NULL OR kind = :kind)
+ORDER BY id;
+
+-- name: redrive_task
+-- Re-enqueue a dead task with a fresh attempt budget; no row if it is no longer dead.
+UPDATE tasks
+SET state = 'ready', run_at = :now, ready_since = coalesce(ready_since, :now),
+    attempt_base = attempt, expiries = 0, error_code = NULL, finished_at = NULL
+WHERE id = :id AND state = 'dead'
+RETURNING id;
+
+-- name: restore_dependent
+-- A task cancelled only because it waited on a dead one waits again.
+UPDATE tasks SET state = 'pending', finished_at = NULL, error_code = NULL
+WHERE id = :id AND state = 'cancelled' AND error_code = 'upstream_failed'
+RETURNING id;
 
 -- name: virtual_time
 -- The fair-queueing virtual time: the largest tag dispatched so far.

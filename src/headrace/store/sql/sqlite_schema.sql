@@ -32,7 +32,8 @@ CREATE TABLE tasks (
     remote_deadline REAL,
     error_code      TEXT,
     expiries        INTEGER NOT NULL DEFAULT 0,
-    unmet           INTEGER NOT NULL DEFAULT 0  -- dependencies not yet succeeded
+    unmet           INTEGER NOT NULL DEFAULT 0,  -- dependencies not yet succeeded
+    attempt_base    INTEGER NOT NULL DEFAULT 0  -- attempts made before the last redrive
 );
 
 CREATE UNIQUE INDEX tasks_key ON tasks (key) WHERE key <> '';
