@@ -8,6 +8,7 @@ import inspect
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -16,10 +17,13 @@ from rich.console import Console
 from headrace.pipelines.providersim import parse_inject, run_server
 from headrace.pipelines.studio_scenario import Scenario
 from headrace.policy.durations import seconds
-from headrace.policy.errors import ConfigError
+from headrace.policy.errors import ConfigError, UnknownTask
 from headrace.runtime.app import App
 from headrace.runtime.worker import Worker
 from headrace.service.demo import DemoOptions, run_demo
+from headrace.service.dlq import dead_letters, letters_table
+from headrace.service.dlq import show as show_task
+from headrace.store.sqlite import path_from_url
 
 
 def _duration(value: str, name: str) -> float:
@@ -167,3 +171,80 @@ def provider_sim(host: str, port: int, window: str, inject: str, seed: int) -> N
         run_server(host, port, _duration(window, "--window"), inject, seed)
     except ConfigError as error:
         raise click.BadParameter(str(error)) from None
+
+
+def _open_store_for(db: str | None, app_target: str | None) -> App:
+    if bool(db) == bool(app_target):
+        raise click.UsageError("give the store with exactly one of --db URL or --app module:app")
+    app = load_app(app_target) if app_target else App(_store_url(db or ""))
+    if app.url.startswith("sqlite:") and not path_from_url(app.url).exists():
+        raise click.BadParameter(f"no store at {app.url}", param_hint="--db")
+    return app
+
+
+def _store_options(command: Callable[..., None]) -> Callable[..., None]:
+    command = click.option("--app", "app_target", help="Take the store from this app.")(command)
+    return click.option("--db", help="Store URL or SQLite file.")(command)
+
+
+@main.group()
+def dlq() -> None:
+    """Dead letters: tasks that failed for good, kept with their attempt history."""
+
+
+@dlq.command("list")
+@_store_options
+@click.option("--group", help="Only this group (episode, event).")
+@click.option("--kind", help="Only this task kind (stage).")
+@click.option("--limit", default=200, show_default=True, type=click.IntRange(1, 100_000))
+def dlq_list(
+    db: str | None, app_target: str | None, group: str | None, kind: str | None, limit: int
+) -> None:
+    """List dead letters."""
+
+    async def run(app: App) -> None:
+        async with app:
+            found = await dead_letters(app.store, group=group, kind=kind, limit=limit)
+            Console().print(letters_table(found))
+
+    asyncio.run(run(_open_store_for(db, app_target)))
+
+
+@dlq.command("show")
+@_store_options
+@click.argument("task_id", type=int)
+def dlq_show(db: str | None, app_target: str | None, task_id: int) -> None:
+    """Show one task and its attempt history."""
+
+    async def run(app: App) -> None:
+        async with app:
+            try:
+                await show_task(app.store, task_id, Console())
+            except UnknownTask as error:
+                raise click.BadParameter(str(error), param_hint="TASK_ID") from None
+
+    asyncio.run(run(_open_store_for(db, app_target)))
+
+
+@dlq.command("retry")
+@_store_options
+@click.option("--group", help="Only this group.")
+@click.option("--kind", help="Only this task kind.")
+@click.argument("task_ids", type=int, nargs=-1)
+def dlq_retry(
+    db: str | None,
+    app_target: str | None,
+    group: str | None,
+    kind: str | None,
+    task_ids: tuple[int, ...],
+) -> None:
+    """Re-enqueue dead letters (all, or those given by id, group, kind) with fresh attempts."""
+
+    async def run(app: App) -> None:
+        async with app:
+            ids = await app.store.redrive(task_ids=task_ids or None, group=group, kind=kind)
+            app.notify()
+        shown = ", ".join(map(str, ids)) if ids else "none"
+        click.echo(f"re-enqueued {len(ids)}: {shown}")
+
+    asyncio.run(run(_open_store_for(db, app_target)))
