@@ -676,3 +676,31 @@ async def test_redrive_filters_by_group_kind_and_id(store: Store) -> None:
     assert await store.redrive(task_ids=[subs[0].id, subs[2].id]) == [subs[0].id]
     assert await store.redrive(group="ep1") == [subs[1].id]
     assert await store.redrive() == []
+
+
+async def test_finish_many_records_each_outcome_alone(store: Store, clock: ManualClock) -> None:
+    subs = await store.submit([task(f"t{i}", gates=("free",)) for i in range(4)])
+    leases = await claim(store, 4, lease_for=10.0)
+    stale = leases[1]
+    clock.advance(11.0)  # every lease expired...
+    await store.reap()
+    fresh = {lease.task.ref: lease for lease in await claim(store, 4, lease_for=10.0)}
+    results = await store.finish_many(
+        [
+            (fresh["t0"], Succeeded(successors=(task("next"),))),
+            (stale, Succeeded()),
+            (fresh["t2"], Succeeded(successors=(task("bad", gates=("nope",)),))),
+            (fresh["t3"], Retry(boom(), delay=1.0)),
+        ]
+    )
+    assert [type(r).__name__ if r else None for r in results] == [
+        None,
+        "LeaseLost",
+        "UnknownGate",
+        None,
+    ]
+    states = [(await store.get(s.id)).state for s in subs]
+    assert states == [TaskState.SUCCEEDED, TaskState.RUNNING, TaskState.RUNNING, TaskState.READY]
+    assert sorted(r.ref for r in await store.tasks()) == ["next", "t0", "t1", "t2", "t3"]
+    [free] = [s for s in await store.gate_statistics() if s.name == "free"]
+    assert free.in_flight == 2

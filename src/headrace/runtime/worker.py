@@ -29,6 +29,7 @@ from headrace.policy.errors import ConfigError, ErrorClass, LeaseLost, TaskFailu
 from headrace.policy.redact import redact
 from headrace.policy.retry import Action
 from headrace.runtime.app import App, TaskDefinition
+from headrace.runtime.completions import Completions
 from headrace.runtime.context import Context
 from headrace.runtime.results import Pending, RemoteWait, Result
 from headrace.store.dispatch import earliest
@@ -101,6 +102,7 @@ class Worker:
         self._wake = asyncio.Event()
         self._stopping = False
         self._crash: BaseException | None = None
+        self._outcomes: Completions | None = None
         self._poll_due: float | None = None  # store time the next remote check may be due
         self._polled_at = float("-inf")
         self._fail_fast = False
@@ -300,7 +302,7 @@ class Worker:
 
     async def _finish(self, lease: Lease, outcome: Outcome) -> None:
         try:
-            await self.app.store.finish(self._leases.get(lease.task_id, lease), outcome)
+            await self._completions().finish(self._leases.get(lease.task_id, lease), outcome)
         except LeaseLost:
             self.stats.leases_lost += 1
             log.warning("task %s: lease lost before its outcome was recorded", lease.task_id)
@@ -309,6 +311,11 @@ class Worker:
             # Renewals stop here, not when the asyncio task's done-callback runs later.
             self._leases.pop(lease.task_id, None)
         self.app.notify()
+
+    def _completions(self) -> Completions:
+        if self._outcomes is None or self._outcomes.store is not self.app.store:
+            self._outcomes = Completions(self.app.store)
+        return self._outcomes
 
     async def _release(self, lease: Lease) -> None:
         """Hand an interrupted task back at once (shutdown), without waiting for its lease."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
 
+from headrace.policy.errors import HeadraceError
 from headrace.policy.gate import GateStatistics
 from headrace.store.types import (
     Attempt,
@@ -61,6 +62,13 @@ class Store(Protocol):
 
     async def finish(self, lease: Lease, outcome: Outcome) -> None:
         """Record an attempt's outcome; raise LeaseLost if the lease is no longer held."""
+        ...
+
+    async def finish_many(
+        self, outcomes: Sequence[tuple[Lease, Outcome]]
+    ) -> list[HeadraceError | None]:
+        """`finish` for many leases in one transaction (group commit): for each, None when it
+        was recorded or the error `finish` would have raised (then nothing of it was written)."""
         ...
 
     async def cancel(self, task_id: int) -> bool:

@@ -18,6 +18,7 @@ from headrace.policy.clock import Clock, LoopClock
 from headrace.policy.errors import (
     ConfigError,
     ErrorClass,
+    HeadraceError,
     LeaseLost,
     QueueFull,
     UnknownGate,
@@ -365,6 +366,19 @@ class MemoryStore:
         if isinstance(outcome, Succeeded):
             self._check_batch(outcome.successors, {})  # refused whole, before anything changes
         self._apply(task, outcome, now)
+
+    async def finish_many(
+        self, outcomes: Sequence[tuple[Lease, Outcome]]
+    ) -> list[HeadraceError | None]:
+        results: list[HeadraceError | None] = []
+        for lease, outcome in outcomes:
+            try:
+                await self.finish(lease, outcome)
+            except HeadraceError as error:
+                results.append(error)
+            else:
+                results.append(None)
+        return results
 
     def _apply(self, task: TaskRecord, outcome: Outcome, now: float) -> None:
         if isinstance(outcome, Succeeded):

@@ -30,6 +30,7 @@ from headrace.policy.clock import Clock, WallClock
 from headrace.policy.errors import (
     ConfigError,
     ErrorClass,
+    HeadraceError,
     LeaseLost,
     QueueFull,
     StoreError,
@@ -162,6 +163,11 @@ class SQLiteStore:
 
     async def finish(self, lease: Lease, outcome: Outcome) -> None:
         await self._write(lambda tx: tx.finish(lease, outcome))
+
+    async def finish_many(
+        self, outcomes: Sequence[tuple[Lease, Outcome]]
+    ) -> list[HeadraceError | None]:
+        return await self._write(lambda tx: tx.finish_many(outcomes))
 
     # -- cancellation and reaping
 
@@ -471,7 +477,7 @@ class _Transaction:
         self.age()
         book = GateBook(self.configs, self.gate_state, self.now)
         candidates = fairness.take_turns(
-            self.candidates(kinds, book.refused_keys),
+            self.candidates(kinds, book.refused_keys, limit),
             rank=lambda task: (task.tier, task.tag),
             flow=lambda task: task.flow,
             last_served=self.last_served,
@@ -486,10 +492,14 @@ class _Transaction:
         later = self.one("next_ready_run_at")["at"]
         return ClaimResult(tuple(leases), self.now, earliest(book.wake_at(), later))
 
-    def candidates(self, kinds: str | None, refused: Collection[str]) -> Iterator[TaskRecord]:
-        """Ready tasks due now in (tier, tag, id) order, read a batch at a time; keys refused so
-        far are left out of later batches."""
+    def candidates(
+        self, kinds: str | None, refused: Collection[str], limit: int
+    ) -> Iterator[TaskRecord]:
+        """Ready tasks due now in (tier, tag, id) order, read a batch at a time (the first just
+        big enough for `limit`, then growing); keys refused so far are left out of later
+        batches."""
         after: tuple[int, float, int] = (-1, 0.0, 0)
+        size = min(CLAIM_BATCH, 2 * limit + 8)
         while True:
             batch = self.rows(
                 "ready_candidates",
@@ -498,11 +508,12 @@ class _Transaction:
                 id=after[2],
                 kinds=kinds,
                 refused=json.dumps(sorted(refused)),
-                batch=CLAIM_BATCH,
+                batch=size,
             )
             yield from (_record(row) for row in batch)
-            if len(batch) < CLAIM_BATCH:
+            if len(batch) < size:
                 return
+            size = min(CLAIM_BATCH, size * 4)
             last = batch[-1]
             after = (last["tier"], last["tag"], last["id"])
 
@@ -601,6 +612,22 @@ class _Transaction:
             self.die(task, outcome)
         else:
             self.await_remote(task, outcome)
+
+    def finish_many(self, outcomes: Sequence[tuple[Lease, Outcome]]) -> list[HeadraceError | None]:
+        """Each outcome inside its own savepoint: one refused outcome leaves no trace and does
+        not undo the others."""
+        results: list[HeadraceError | None] = []
+        for lease, outcome in outcomes:
+            self.run("savepoint")
+            try:
+                self.finish(lease, outcome)
+            except HeadraceError as error:
+                self.run("rollback_to_savepoint")
+                results.append(error)
+            else:
+                results.append(None)
+            self.run("release_savepoint")
+        return results
 
     def poll_again(self, task: TaskRecord, outcome: PollAgain) -> None:
         if task.state is not TaskState.WAITING:

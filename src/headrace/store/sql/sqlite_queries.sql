@@ -334,3 +334,15 @@ SELECT kind, units FROM ledger WHERE grp = :grp;
 SELECT id, kind, ref, error_code, attempt FROM tasks
 WHERE grp = :grp AND state = 'dead'
 ORDER BY id;
+
+-- name: savepoint
+-- Open a savepoint around one outcome of a batch.
+SAVEPOINT outcome;
+
+-- name: rollback_to_savepoint
+-- Undo what one refused outcome of a batch wrote.
+ROLLBACK TO SAVEPOINT outcome;
+
+-- name: release_savepoint
+-- Close one outcome's savepoint.
+RELEASE SAVEPOINT outcome;
