@@ -10,7 +10,8 @@ HeadraceError
 └── StoreError             the durable store refused an operation
     ├── LeaseLost          the caller no longer owns the task (expired, re-claimed, cancelled)
     ├── UnknownTask        no task with that id
-    └── QueueFull          a stage's waiting bound is reached and the producer asked to refuse
+    ├── QueueFull          a stage's waiting bound is reached and the producer asked to refuse
+    └── StoreUnavailable   the store cannot be reached (connection lost): retry the verb later
 """
 
 from __future__ import annotations
@@ -110,3 +111,8 @@ class QueueFull(StoreError):
         super().__init__(f"stage {kind!r}: {bound} tasks already waiting")
         self.kind = kind
         self.bound = bound
+
+
+class StoreUnavailable(StoreError):
+    """The store could not be reached (connection lost, server restarting); nothing was applied
+    unless the loss came during the commit. The caller may retry the verb after a pause."""

@@ -36,6 +36,11 @@ class Store(Protocol):
         """The store's clock."""
         ...
 
+    # `timeout` is the poll fallback, not a failure: the wait ends quietly when it is spent.
+    async def wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
+        """Return once new work may be claimable (a submit, a release), or after `timeout`."""
+        ...
+
     async def submit(
         self, tasks: Sequence[NewTask], *, bounds: Mapping[str, int] | None = None
     ) -> list[Submitted]:

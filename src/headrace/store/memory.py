@@ -6,6 +6,7 @@ holds them to it); its time is the running event loop's clock unless a clock is 
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 from collections import defaultdict
@@ -93,6 +94,9 @@ class MemoryStore:
 
     async def now(self) -> float:
         return self.clock.now()
+
+    async def wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
+        await asyncio.sleep(timeout)  # nothing to listen to: a plain poll
 
     # -- submission
 

@@ -133,6 +133,9 @@ class SQLiteStore:
     async def now(self) -> float:
         return self.clock.now()
 
+    async def wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
+        await asyncio.sleep(timeout)  # nothing to listen to: a plain poll
+
     # -- submission
 
     async def submit(
