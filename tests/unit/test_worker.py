@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
 import headrace as hr
-from headrace.store.types import AttemptOutcome, TaskState
+from headrace.policy.errors import StoreUnavailable
+from headrace.store.memory import MemoryStore
+from headrace.store.types import AttemptOutcome, ClaimResult, Lease, Outcome, TaskState
 
 pytestmark = pytest.mark.anyio
 
@@ -392,3 +396,45 @@ async def test_a_restarted_worker_polls_the_remote_job_instead_of_resubmitting()
     assert record.state is TaskState.SUCCEEDED
     assert submissions == 1
     assert polls == 2
+
+
+class FlakyStore(MemoryStore):
+    """A memory store that is unreachable for its first claims and outcome writes."""
+
+    def __init__(self, claims_down: int, finishes_down: int) -> None:
+        super().__init__()
+        self.claims_down = claims_down
+        self.finishes_down = finishes_down
+
+    async def claim(self, *args: Any, **kwargs: Any) -> ClaimResult:
+        if self.claims_down:
+            self.claims_down -= 1
+            raise StoreUnavailable("connection refused")
+        return await super().claim(*args, **kwargs)
+
+    async def finish_many(self, outcomes: Sequence[tuple[Lease, Outcome]]) -> Any:
+        if self.finishes_down:
+            self.finishes_down -= 1
+            raise StoreUnavailable("server closed the connection")
+        return await super().finish_many(outcomes)
+
+
+async def test_a_store_outage_delays_work_and_loses_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = FlakyStore(claims_down=3, finishes_down=2)
+    app = hr.App("memory://", store=store)
+    done: list[str] = []
+
+    @app.task()
+    async def work(ctx: hr.Context, ref: str) -> None:
+        done.append(ref)
+
+    caplog.set_level(logging.CRITICAL, logger="headrace.worker")
+    async with app:
+        task_id = await work.submit("a")
+        await hr.Worker(app).drain()
+        record = await app.store.get(task_id)
+    assert done == ["a"]
+    assert record.state is TaskState.SUCCEEDED
+    assert record.attempt == 1

@@ -25,7 +25,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from headrace.policy.durations import Duration, seconds
-from headrace.policy.errors import ConfigError, ErrorClass, LeaseLost, TaskFailure, Transient
+from headrace.policy.errors import (
+    ConfigError,
+    ErrorClass,
+    LeaseLost,
+    StoreUnavailable,
+    TaskFailure,
+    Transient,
+)
 from headrace.policy.redact import redact
 from headrace.policy.retry import Action
 from headrace.runtime.app import App, TaskDefinition
@@ -52,6 +59,8 @@ log = logging.getLogger("headrace.worker")
 INTERRUPTED = "interrupted"
 REMOTE_TIMEOUT = "remote_timeout"
 MIN_SLEEP = 0.001
+OUTAGE_PAUSE = 0.25
+OUTAGE_PAUSE_MAX = 5.0
 BACKOFFS_KEPT = 64  # never spin when the store's next event is "now"
 
 
@@ -103,6 +112,7 @@ class Worker:
         self._stopping = False
         self._crash: BaseException | None = None
         self._outcomes: Completions | None = None
+        self._outage = 0
         self._poll_due: float | None = None  # store time the next remote check may be due
         self._polled_at = float("-inf")
         self._fail_fast = False
@@ -149,12 +159,24 @@ class Worker:
     async def _loop(self, until_idle: bool) -> None:
         while not self._stopping:
             self._wake.clear()
-            wake_at, now = await self._fill()
-            if self._crash is not None and self._fail_fast:
-                return
-            if until_idle and not self._busy and await self._finished():
-                return
+            try:
+                wake_at, now = await self._fill()
+                if self._crash is not None and self._fail_fast:
+                    return
+                if until_idle and not self._busy and await self._finished():
+                    return
+            except StoreUnavailable as error:
+                await self._store_down(error)
+                continue
+            self._outage = 0
             await self._sleep(wake_at, now)
+
+    async def _store_down(self, error: StoreUnavailable) -> None:
+        """Keep running handlers going and try the store again after a growing pause."""
+        self._outage += 1
+        pause = min(OUTAGE_PAUSE_MAX, OUTAGE_PAUSE * 2 ** (self._outage - 1))
+        log.warning("store unavailable (%s); trying again in %.1fs", error, pause)
+        await asyncio.sleep(pause)
 
     @property
     def _busy(self) -> bool:
@@ -225,9 +247,18 @@ class Worker:
             delay = min(delay, max(MIN_SLEEP, wake_at - now))
         if self._wake.is_set():
             return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(delay):
-                await self._wake.wait()
+        # Whichever comes first: work from this process, a notice from the store (another
+        # process submitted or released), or the time the store said something comes due.
+        waits = {
+            asyncio.ensure_future(self._wake.wait()),
+            asyncio.ensure_future(self.app.store.wait_for_work(delay)),
+        }
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
 
     # -- one attempt
 
@@ -302,7 +333,7 @@ class Worker:
 
     async def _finish(self, lease: Lease, outcome: Outcome) -> None:
         try:
-            await self._completions().finish(self._leases.get(lease.task_id, lease), outcome)
+            await self._record(lease, outcome)
         except LeaseLost:
             self.stats.leases_lost += 1
             log.warning("task %s: lease lost before its outcome was recorded", lease.task_id)
@@ -311,6 +342,27 @@ class Worker:
             # Renewals stop here, not when the asyncio task's done-callback runs later.
             self._leases.pop(lease.task_id, None)
         self.app.notify()
+
+    async def _record(self, lease: Lease, outcome: Outcome) -> None:
+        """Write the outcome, waiting out a store outage while the lease may still hold it."""
+        pause = OUTAGE_PAUSE
+        while True:
+            try:
+                await self._completions().finish(self._leases.get(lease.task_id, lease), outcome)
+                return
+            except StoreUnavailable as error:
+                current = self._leases.get(lease.task_id, lease)
+                log.warning("task %s: outcome not written yet (%s)", lease.task_id, error)
+                if await self._lease_ran_out(current):
+                    raise LeaseLost(lease.task_id) from error
+                await asyncio.sleep(pause)
+                pause = min(OUTAGE_PAUSE_MAX, pause * 2)
+
+    async def _lease_ran_out(self, lease: Lease) -> bool:
+        try:
+            return await self.app.store.now() >= lease.until
+        except StoreUnavailable:
+            return False
 
     def _completions(self) -> Completions:
         if self._outcomes is None or self._outcomes.store is not self.app.store:
@@ -373,7 +425,11 @@ class Worker:
             leases = list(self._leases.values())
             if not leases:
                 continue
-            renewed = await self.app.store.renew(leases, lease_for=self.lease_for)
+            try:
+                renewed = await self.app.store.renew(leases, lease_for=self.lease_for)
+            except StoreUnavailable as error:
+                log.warning("lease renewal failed (%s); trying again", error)
+                continue
             for old, new in zip(leases, renewed, strict=True):
                 if old.task_id not in self._leases:
                     continue  # finished while the renewal was in flight
