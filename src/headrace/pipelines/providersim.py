@@ -596,17 +596,34 @@ async def serve(
     await SimServer(simulator, host, port, log_level=log_level).run(ready, started)
 
 
+def parse_quotas(values: Iterable[str]) -> dict[str, Quota]:
+    """The studio quotas with overrides like `image=30/3` (rpm per window / at once)."""
+    quotas = dict(STUDIO_QUOTAS)
+    for value in values:
+        provider, _, numbers = value.partition("=")
+        rpm, _, concurrency = numbers.partition("/")
+        if provider not in PROVIDERS or not rpm.isdigit() or not concurrency.isdigit():
+            raise ConfigError(
+                f"quota: expected PROVIDER=RPM/CONCURRENCY with PROVIDER one of "
+                f"{', '.join(PROVIDERS)}, got {value!r}"
+            )
+        quotas[provider] = Quota(int(rpm), int(concurrency))
+    return quotas
+
+
 def run_server(
     host: str = "127.0.0.1",
     port: int = 8090,
     window: float = 6.0,
     inject: str | Iterable[str] = frozenset(),
     seed: int = 0,
+    quotas: Mapping[str, Quota] = STUDIO_QUOTAS,
 ) -> None:
     """Serve the simulator until Ctrl-C or SIGTERM: the `headrace provider-sim` command.
     `inject` may be a comma-separated string like the INJECT variable ("ratelimit,flaky").
     Prints the URL once listening; a bad fault name raises ConfigError before anything starts."""
     faults = parse_inject(inject)
+    sim = ProviderSimulator(window, quotas=quotas, inject=faults, seed=seed)
 
     def announce(server: SimServer) -> None:
         named = ",".join(sorted(faults)) or "none"
@@ -615,14 +632,4 @@ def run_server(
         )
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(
-            serve(
-                host,
-                port,
-                window=window,
-                inject=faults,
-                seed=seed,
-                started=announce,
-                log_level="info",
-            )
-        )
+        asyncio.run(serve(host, port, sim=sim, started=announce, log_level="info"))

@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from headrace.pipelines.providersim import parse_inject, run_server
+from headrace.pipelines.providersim import parse_inject, parse_quotas, run_server
 from headrace.pipelines.studio_scenario import Scenario
 from headrace.policy.durations import seconds
 from headrace.policy.errors import ConfigError, UnknownTask
@@ -165,10 +165,19 @@ def worker(
 @click.option("--window", default="6s", show_default=True, help="Quota window ('60s' is real).")
 @click.option("--inject", default="", help="Faults: ratelimit, auth, flaky (comma-separated).")
 @click.option("--seed", default=0, show_default=True, type=int)
-def provider_sim(host: str, port: int, window: str, inject: str, seed: int) -> None:
+@click.option(
+    "--quota",
+    "quotas",
+    multiple=True,
+    help="Override a quota: PROVIDER=RPM/CONCURRENCY, e.g. image=30/3 (repeatable).",
+)
+def provider_sim(
+    host: str, port: int, window: str, inject: str, seed: int, quotas: tuple[str, ...]
+) -> None:
     """Serve the MiniMax-shaped provider simulator, the quota referee, over HTTP."""
     try:
-        run_server(host, port, _duration(window, "--window"), inject, seed)
+        limits = parse_quotas(quotas)
+        run_server(host, port, _duration(window, "--window"), inject, seed, limits)
     except ConfigError as error:
         raise click.BadParameter(str(error)) from None
 
