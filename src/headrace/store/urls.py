@@ -1,12 +1,16 @@
-"""Open a store from a URL: `memory://`, `sqlite:///relative.db`, `sqlite:////absolute.db`."""
+"""Open a store from a URL: `memory://`, `sqlite:///relative.db`, `sqlite:////absolute.db`,
+`postgresql://user@host:port/db` (or `postgres://`)."""
 
 from __future__ import annotations
 
+import asyncio
 from urllib.parse import urlsplit
 
 from headrace.policy.clock import Clock
 from headrace.policy.errors import ConfigError
 from headrace.store.base import Store
+
+POSTGRES_SCHEMES = ("postgresql", "postgres")
 
 
 def open_store(url: str, *, clock: Clock | None = None) -> Store:
@@ -20,6 +24,42 @@ def open_store(url: str, *, clock: Clock | None = None) -> Store:
         from headrace.store.sqlite import SQLiteStore
 
         return SQLiteStore.from_url(url, clock=clock)
-    raise ConfigError(
-        f"store url: unknown scheme {scheme!r} in {url!r}; use memory:// or sqlite:///file.db"
+    if scheme in POSTGRES_SCHEMES:
+        from headrace.store.postgres import PostgresStore
+
+        return PostgresStore.from_url(url, clock=clock)
+    raise _unknown(url)
+
+
+async def upgrade_schema(url: str) -> tuple[int, int]:
+    """Apply the migrations the store at `url` lacks; return its schema version before and after
+    (what `headrace db upgrade` prints)."""
+    scheme = urlsplit(url).scheme
+    if scheme in POSTGRES_SCHEMES:
+        from headrace.store.postgres import PostgresStore
+
+        return await PostgresStore.from_url(url).upgrade()
+    if scheme == "sqlite":
+        return await asyncio.to_thread(_upgrade_sqlite, url)
+    if scheme == "memory":
+        raise ConfigError("store url: memory:// keeps no schema to upgrade")
+    raise _unknown(url)
+
+
+def _upgrade_sqlite(url: str) -> tuple[int, int]:
+    from headrace.store import sql, sqlite
+
+    queries = sql.load_queries(sqlite.QUERIES)
+    connection = sqlite.connect(sqlite.path_from_url(url), 10.0, queries)
+    try:
+        before = int(connection.execute(queries["user_version"].text).fetchone()[0])
+        return before, sqlite.migrate(connection, queries)
+    finally:
+        connection.close()
+
+
+def _unknown(url: str) -> ConfigError:
+    return ConfigError(
+        f"store url: unknown scheme {urlsplit(url).scheme!r} in {url!r}; "
+        "use memory://, sqlite:///file.db or postgresql://user@host/db"
     )

@@ -1,0 +1,1379 @@
+"""`postgresql://…`: the store for many worker processes on many hosts, on PostgreSQL.
+
+Every verb is one transaction on a connection from an async pool (psycopg 3). Dispatch state
+lives in tables, so a gate's cap and rate, fair tags and leases hold across every process:
+
+- A claim reaps expired leases, ages low tasks, then reads ready candidates in `(tier, tag, id)`
+  order a batch at a time with `FOR UPDATE SKIP LOCKED` (claims never wait on each other's
+  tasks), locks the rows of the gates those candidates need in name order, and feeds
+  `GateBook` through `take_turns`, as the other stores do. It then writes the gate states,
+  tickets, leases, attempt rows, dispatch count and virtual time before it commits.
+- Writers lock rows in one order: tasks, then gates (by name), then flows (by name), then the
+  store-wide counters. Where a claim discovers a gate out of that order it takes the row only if
+  it is free, and a transaction that still meets a deadlock or serialization failure is retried.
+- Time: with no clock given, every lease, run_at and gate time is the server's
+  `clock_timestamp()` read in the transaction (again after waiting for gate rows), so hosts with
+  skewed clocks agree. A test passes a clock and its value is used instead, in the same SQL.
+- Every write by a lease holder checks its token and `lease_until > now` on the locked task row;
+  a stale holder gets `LeaseLost`.
+- `submit`, and outcomes that make tasks ready or return tickets, `NOTIFY` the store's channel
+  (its schema's name) when they commit; `wait_for_work` listens on a connection of its own.
+
+Connection loss comes out as `StoreUnavailable`, other driver errors as `StoreError`. The
+statements are named in `store/sql/postgres_queries.sql`; the schema is the versioned migrations
+in `store/sql/postgres/migrations/`, applied by `open()` (or `headrace db upgrade`) under an
+advisory lock, in the store's own PostgreSQL schema.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import (
+    AsyncGenerator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Mapping,
+    Sequence,
+)
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import errors as pgerrors
+from psycopg import sql as pgsql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from headrace.policy import fairness
+from headrace.policy import gate as gating
+from headrace.policy.clock import Clock
+from headrace.policy.errors import (
+    ConfigError,
+    ErrorClass,
+    HeadraceError,
+    LeaseLost,
+    QueueFull,
+    StoreError,
+    StoreUnavailable,
+    UnknownGate,
+    UnknownTask,
+)
+from headrace.policy.gate import GateConfig, GateState, GateStatistics
+from headrace.policy.tiers import AGING_CEILING, Tier, aged_tier
+from headrace.store import sql
+from headrace.store.dispatch import GateBook, earliest, gate_key
+from headrace.store.types import (
+    LEASE_EXPIRED,
+    POISON,
+    UPSTREAM_FAILED,
+    Attempt,
+    AttemptError,
+    AttemptOutcome,
+    AwaitRemote,
+    ClaimResult,
+    Dead,
+    Failure,
+    GroupReport,
+    Lease,
+    NewTask,
+    Outcome,
+    PollAgain,
+    Retry,
+    Settings,
+    Sibling,
+    Submitted,
+    Succeeded,
+    TaskRecord,
+    TaskState,
+)
+
+T = TypeVar("T")
+Connection = psycopg.AsyncConnection[DictRow]
+Queries = Mapping[str, sql.Query]
+
+SCHEMES = ("postgresql", "postgres")
+QUERIES = "postgres_queries.sql"
+MIGRATIONS = "postgres/migrations"
+DEFAULT_SCHEMA = "headrace"
+# Candidates read per statement while a claim walks the ready queue in (tier, tag, id) order.
+CLAIM_BATCH = 256
+# Widens the aging range past any float rounding of `now - step`; aged_tier decides.
+AGING_SLACK = 1e-3
+# Seconds a verb waits for a pooled connection before the store counts as unavailable.
+POOL_TIMEOUT = 10.0
+# Seconds the pool keeps trying to reconnect before it reports a failure (and then goes on).
+RECONNECT_TIMEOUT = 60.0
+# Seconds between attempts to reopen a dropped LISTEN connection: the first, and the most.
+LISTEN_RETRY = (0.1, 5.0)
+# Tries of one verb that met a deadlock, a serialization failure or a racing idempotency key.
+CONFLICT_TRIES = 5
+URL_OPTIONS = ("schema", "pool_min", "pool_max")
+
+log = logging.getLogger(__name__)
+
+
+class _KeyRace(Exception):
+    """Another writer committed a task with a key this batch was about to create: try again."""
+
+
+_CONFLICTS = (pgerrors.DeadlockDetected, pgerrors.SerializationFailure, _KeyRace)
+
+
+class PostgresStore:
+    """The store many processes on many hosts share: one PostgreSQL schema."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        clock: Clock | None = None,
+        pool_min: int = 1,
+        pool_max: int = 10,
+        schema: str = DEFAULT_SCHEMA,
+    ) -> None:
+        _check_pool_sizes(pool_min, pool_max)
+        if not schema or len(schema) > 63:
+            raise ConfigError(f"postgres schema: expected 1 to 63 characters, got {schema!r}")
+        self.dsn = dsn
+        self.clock = clock
+        self.schema = schema
+        self.channel = schema  # one schema, one store: its wake-ups are its own
+        self.pool_min = pool_min
+        self.pool_max = pool_max
+        self.settings = Settings()
+        self._configs: dict[str, GateConfig] = {}
+        self._queries: Queries = sql.load_queries(QUERIES)
+        self._pool: AsyncConnectionPool[Connection] | None = None
+        self._listener = _Listener(dsn, self._compose("listen"))
+
+    @classmethod
+    def from_url(cls, url: str, *, clock: Clock | None = None) -> PostgresStore:
+        """A store for `postgresql://user@host:port/db` (or `postgres://`). The query may add
+        `schema`, `pool_min` and `pool_max`; the rest of the URL goes to libpq as it is."""
+        dsn, options = split_url(url)
+        return cls(
+            dsn,
+            clock=clock,
+            schema=options.get("schema", DEFAULT_SCHEMA),
+            pool_min=_int_option(options, "pool_min", 1),
+            pool_max=_int_option(options, "pool_max", 10),
+        )
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({_without_password(self.dsn)!r}, schema={self.schema!r})"
+
+    # -- lifecycle
+
+    async def open(self, settings: Settings) -> None:
+        self.settings = settings
+        self._configs = {config.name: config for config in settings.gates}
+        if self._pool is not None:
+            return
+        await self.upgrade()  # on a connection of its own: an unreachable server fails fast
+        pool = self._new_pool()
+        try:
+            await _translated(pool.open(wait=True, timeout=POOL_TIMEOUT))
+        except BaseException:
+            await pool.close()
+            raise
+        self._pool = pool
+
+    async def close(self) -> None:
+        await self._listener.close()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    async def upgrade(self) -> tuple[int, int]:
+        """Apply the migrations the schema lacks, on a connection of its own; return the schema
+        version before and after."""
+        connect = psycopg.AsyncConnection.connect(
+            _named(self.dsn, "headrace"), autocommit=True, row_factory=dict_row
+        )
+        conn = await _translated(connect)
+        async with conn:
+            return await _translated(migrate(conn, self._queries, self.schema))
+
+    async def now(self) -> float:
+        return await self._read(lambda tx: _value(tx.now))
+
+    async def wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
+        self._require_pool()
+        await self._listener.wait(timeout)
+
+    # -- submission
+
+    async def submit(
+        self, tasks: Sequence[NewTask], *, bounds: Mapping[str, int] | None = None
+    ) -> list[Submitted]:
+        batch, limits = tuple(tasks), dict(bounds or {})
+        return await self._write(lambda tx: tx.submit(batch, limits))
+
+    # -- claiming
+
+    async def claim(
+        self, worker: str, limit: int, *, lease_for: float, kinds: Collection[str] | None = None
+    ) -> ClaimResult:
+        wanted = _kinds(kinds)
+        return await self._write(lambda tx: tx.claim(worker, limit, lease_for, wanted))
+
+    async def claim_polls(
+        self, worker: str, limit: int, *, lease_for: float, kinds: Collection[str] | None = None
+    ) -> ClaimResult:
+        wanted = _kinds(kinds)
+        return await self._write(lambda tx: tx.claim_polls(worker, limit, lease_for, wanted))
+
+    # -- lease holders
+
+    async def renew(self, leases: Sequence[Lease], *, lease_for: float) -> list[Lease | None]:
+        held = tuple(leases)
+        return await self._write(lambda tx: tx.renew(held, lease_for))
+
+    async def finish(self, lease: Lease, outcome: Outcome) -> None:
+        await self._write(lambda tx: tx.finish(lease, outcome))
+
+    async def finish_many(
+        self, outcomes: Sequence[tuple[Lease, Outcome]]
+    ) -> list[HeadraceError | None]:
+        batch = tuple(outcomes)
+        return await self._write(lambda tx: tx.finish_many(batch))
+
+    # -- cancellation and reaping
+
+    async def cancel(self, task_id: int) -> bool:
+        return await self._write(lambda tx: tx.cancel(task_id))
+
+    async def redrive(
+        self,
+        *,
+        task_ids: Collection[int] | None = None,
+        group: str | None = None,
+        kind: str | None = None,
+    ) -> list[int]:
+        ids = None if task_ids is None else sorted(task_ids)
+        return await self._write(lambda tx: tx.redrive(ids, group, kind))
+
+    async def reap(self) -> int:
+        return await self._write(lambda tx: tx.reap())
+
+    # -- reading
+
+    async def get(self, task_id: int) -> TaskRecord:
+        return await self._read(lambda tx: tx.task(task_id))
+
+    async def find(self, key: str) -> TaskRecord | None:
+        return await self._read(lambda tx: tx.find(key))
+
+    async def tasks(
+        self,
+        *,
+        group: str | None = None,
+        state: TaskState | None = None,
+        kind: str | None = None,
+        limit: int = 1000,
+    ) -> list[TaskRecord]:
+        return await self._read(lambda tx: tx.tasks(group, state, kind, limit))
+
+    async def attempts(self, task_id: int) -> list[Attempt]:
+        return await self._read(lambda tx: tx.attempts(task_id))
+
+    async def counts(self) -> dict[TaskState, int]:
+        return await self._read(lambda tx: tx.counts())
+
+    async def groups(self) -> list[str]:
+        return await self._read(lambda tx: tx.groups())
+
+    async def group_report(self, group: str) -> GroupReport:
+        return await self._read(lambda tx: tx.group_report(group))
+
+    async def gate_statistics(self) -> list[GateStatistics]:
+        return await self._read(lambda tx: tx.gate_statistics())
+
+    # -- transactions
+
+    async def _write(self, verb: Callable[[_Transaction], Awaitable[T]]) -> T:
+        return await self._transact(verb, read=False)
+
+    async def _read(self, verb: Callable[[_Transaction], Awaitable[T]]) -> T:
+        return await self._transact(verb, read=True)
+
+    async def _transact(self, verb: Callable[[_Transaction], Awaitable[T]], *, read: bool) -> T:
+        """Run `verb` in one transaction, again when it met a conflict; driver errors come out
+        as StoreError (StoreUnavailable for a lost or unreachable server)."""
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return await _translated(self._once(verb, read))
+            except _Conflict as conflict:
+                if tries >= CONFLICT_TRIES:
+                    raise StoreError(
+                        f"postgres store: gave up after {tries} tries that conflicted with other "
+                        f"writers ({conflict.__cause__})"
+                    ) from conflict.__cause__
+
+    async def _once(self, verb: Callable[[_Transaction], Awaitable[T]], read: bool) -> T:
+        pool = self._require_pool()
+        async with pool.connection() as conn, conn.transaction():
+            tx = _Transaction(conn, self._queries, self._configs, self.settings, self.clock)
+            if read:
+                await tx.run("read_snapshot")
+            await tx.read_clock()
+            result = await verb(tx)
+            await tx.conclude(self.channel)
+        return result
+
+    def _require_pool(self) -> AsyncConnectionPool[Connection]:
+        if self._pool is None:
+            raise StoreError(f"{self!r} is not open: await store.open(settings) first")
+        return self._pool
+
+    def _new_pool(self) -> AsyncConnectionPool[Connection]:
+        return AsyncConnectionPool(
+            _named(self.dsn, "headrace"),
+            connection_class=Connection,
+            kwargs={"autocommit": True, "row_factory": dict_row},
+            min_size=self.pool_min,
+            max_size=self.pool_max,
+            open=False,
+            configure=self._configure,
+            # A connection the server dropped (a restart) is found and replaced before use.
+            check=AsyncConnectionPool.check_connection,
+            timeout=POOL_TIMEOUT,
+            reconnect_timeout=RECONNECT_TIMEOUT,
+            name=f"headrace-{self.schema}",
+        )
+
+    async def _configure(self, conn: Connection) -> None:
+        await conn.execute(self._queries["set_search_path"].text, {"schema": self.schema})
+
+    def _compose(self, query: str) -> pgsql.Composed:
+        """A statement that names the schema or channel, which parameters cannot."""
+        template = pgsql.SQL(self._queries[query].text)
+        return template.format(
+            schema=pgsql.Identifier(self.schema), channel=pgsql.Identifier(self.channel)
+        )
+
+
+class _Conflict(Exception):
+    """A transaction lost to another writer (deadlock, serialization, key race)."""
+
+
+async def _translated(work: Awaitable[T]) -> T:
+    try:
+        return await work
+    except _CONFLICTS as exc:
+        raise _Conflict from exc
+    except psycopg.OperationalError as exc:
+        raise StoreUnavailable(f"postgres store unavailable: {_first_line(exc)}") from exc
+    except psycopg.Error as exc:
+        raise StoreError(f"postgres store: {_first_line(exc)}") from exc
+
+
+async def migrate(conn: Connection, queries: Queries, schema: str) -> tuple[int, int]:
+    """Create the schema if needed and apply the migrations it lacks, in one transaction under
+    an advisory lock (two processes starting at once do not race); return the schema version
+    before and after."""
+    migrations = sql.load_migrations(MIGRATIONS)
+    latest = migrations[-1].version
+    create = pgsql.SQL(queries["create_schema"].text).format(schema=pgsql.Identifier(schema))
+    async with conn.transaction():
+        await conn.execute(queries["advisory_lock"].text, {"lock": f"headrace.migrate:{schema}"})
+        await conn.execute(create)
+        await conn.execute(queries["set_search_path"].text, {"schema": schema})
+        await conn.execute(queries["create_migrations_table"].text)
+        cursor = await conn.execute(queries["schema_version"].text)
+        found = await cursor.fetchone()
+        before = int(found["version"]) if found is not None else 0
+        if before > latest:
+            raise StoreError(
+                f"schema {schema!r} has version {before}; this headrace knows up to {latest}"
+            )
+        for migration in migrations[before:]:
+            for statement in migration.statements:
+                await conn.execute(statement)
+            await conn.execute(queries["record_migration"].text, {"version": migration.version})
+    return before, latest
+
+
+def split_url(url: str) -> tuple[str, dict[str, str]]:
+    """The libpq URL and headrace's own options (`schema`, `pool_min`, `pool_max`) of a
+    `postgresql://` URL."""
+    parts = urlsplit(url)
+    if parts.scheme not in SCHEMES:
+        raise ConfigError(f"store url: expected postgresql://user@host:port/db, got {url!r}")
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    options = {name: value for name, value in query if name in URL_OPTIONS}
+    rest = [(name, value) for name, value in query if name not in URL_OPTIONS]
+    return urlunsplit(parts._replace(query=urlencode(rest))), options
+
+
+def _int_option(options: Mapping[str, str], name: str, default: int) -> int:
+    value = options.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"store url: {name} must be an integer, got {value!r}") from None
+
+
+def _check_pool_sizes(pool_min: int, pool_max: int) -> None:
+    if isinstance(pool_min, bool) or not isinstance(pool_min, int) or pool_min < 0:
+        raise ConfigError(f"postgres pool_min: expected an integer >= 0, got {pool_min!r}")
+    if isinstance(pool_max, bool) or not isinstance(pool_max, int) or pool_max < max(1, pool_min):
+        raise ConfigError(
+            f"postgres pool_max: expected an integer >= max(1, pool_min), got {pool_max!r}"
+        )
+
+
+def _without_password(dsn: str) -> str:
+    parts = urlsplit(dsn)
+    if parts.password is None:
+        return dsn
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
+
+
+def _named(dsn: str, application_name: str) -> str:
+    """`dsn` naming its connections in pg_stat_activity, unless it names them already."""
+    if "application_name" in conninfo_to_dict(dsn):
+        return dsn
+    return make_conninfo(dsn, application_name=application_name)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+async def _value(value: T) -> T:
+    return value
+
+
+class _Listener:
+    """A connection of its own LISTENing on the store's channel: opened on first use, and again
+    after it drops (then it wakes every waiter: notices may have been missed meanwhile). `wait`
+    returns at the first wake-up since the previous wait, or at its timeout (the poll fallback,
+    also while the server cannot be reached)."""
+
+    def __init__(self, dsn: str, listen: pgsql.Composed) -> None:
+        self._dsn = dsn
+        self._listen = listen
+        self._woken: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def wait(self, timeout: float) -> None:  # noqa: ASYNC109
+        if self._woken is None:
+            self._woken = asyncio.Event()
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(self._woken), name="headrace-listen")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._woken.wait(), timeout)
+        self._woken.clear()
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self, woken: asyncio.Event) -> None:
+        failures = 0
+        while True:
+            try:
+                await self._listen_once(woken, missed=failures > 0)
+            except psycopg.Error as exc:
+                # Until the connection is back, waits are plain polls.
+                log.info("headrace listener: %s", _first_line(exc))
+            failures += 1
+            first, most = LISTEN_RETRY
+            await asyncio.sleep(min(first * 2 ** min(failures - 1, 10), most))
+
+    async def _listen_once(self, woken: asyncio.Event, *, missed: bool) -> None:
+        conninfo = _named(self._dsn, "headrace-listen")
+        conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+        async with conn:
+            await conn.execute(self._listen)
+            if missed:
+                woken.set()
+            async for _ in conn.notifies():
+                woken.set()
+
+
+@dataclass(frozen=True)
+class _GateSnapshot:
+    states: dict[str, GateState]
+    changed: set[str]
+    busy: set[str]
+
+
+class _GateRows:
+    """The gate rows one transaction holds, with their states. Rows are locked in name order,
+    waiting for other writers; a claim that finds a gate out of that order takes it only if it
+    is free (`busy` names the others), so two claims never wait on each other."""
+
+    def __init__(self, tx: _Transaction) -> None:
+        self._tx = tx
+        self.states: dict[str, GateState] = {}
+        self.changed: set[str] = set()
+        self.busy: set[str] = set()
+
+    async def lock(self, names: Iterable[str], *, or_skip: bool = False) -> bool:
+        """Lock and load the gates among `names` not held yet; True if it may have waited."""
+        wanted = sorted(set(names) - self.states.keys() - self.busy)
+        top = max(self.states, default="")
+        waiting = [name for name in wanted if not or_skip or name > top]
+        if waiting:
+            await self._take("lock_gates", waiting)
+        free_only = [name for name in wanted if name not in self.states]
+        if free_only:
+            await self._take("try_lock_gates", free_only)
+            self.busy.update(name for name in free_only if name not in self.states)
+        return bool(waiting)
+
+    async def _take(self, query: str, names: Sequence[str]) -> None:
+        await self._load(query, names)
+        missing = [name for name in names if name not in self.states]
+        if missing:  # first use: create the rows, then lock them
+            await self._tx.run("add_gates", names=missing)
+            await self._load(query, missing)
+
+    async def _load(self, query: str, names: Sequence[str]) -> None:
+        for found in await self._tx.rows(query, names=list(names)):
+            self.states[found["name"]] = _gate_state(found)
+
+    def get(self, name: str) -> GateState:
+        return self.states[name]
+
+    def put(self, name: str, state: GateState) -> None:
+        self.states[name] = state
+        self.changed.add(name)
+
+    def snapshot(self) -> _GateSnapshot:
+        return _GateSnapshot(dict(self.states), set(self.changed), set(self.busy))
+
+    def restore(self, snapshot: _GateSnapshot) -> None:
+        """Back to `snapshot`, after a savepoint rollback (which also released newer locks)."""
+        self.states = dict(snapshot.states)
+        self.changed = set(snapshot.changed)
+        self.busy = set(snapshot.busy)
+
+    async def flush(self) -> None:
+        if self.changed:
+            params = [_gate_params(name, self.states[name]) for name in sorted(self.changed)]
+            await self._tx.run_many("save_gate", params)
+            self.changed.clear()
+
+
+@dataclass
+class _Planned:
+    """A task of a submitted batch that will be created."""
+
+    id: int
+    task: NewTask
+    unmet: list[int]
+    failed: bool  # a dependency is already dead or cancelled
+    tag: float = 0.0
+
+
+class _Transaction:
+    """One verb's transaction: the statements it runs and the state machine's steps, as in
+    `MemoryStore` and `SQLiteStore` (the conformance suite holds the three to one semantics)."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        queries: Queries,
+        configs: Mapping[str, GateConfig],
+        settings: Settings,
+        clock: Clock | None,
+    ) -> None:
+        self.conn = conn
+        self._queries = queries
+        self.configs = configs
+        self.settings = settings
+        self._clock = clock
+        self.now = -math.inf
+        self.gates = _GateRows(self)
+        self.wake = False  # notify listeners when this transaction commits
+        self._virtual_time: float | None = None
+        self._dispatches: int | None = None
+        self._served: dict[str, int] = {}
+        self._served_now: set[str] = set()
+
+    # -- statements
+
+    # Each runs the named query; `query` is positional-only so a parameter may be called `name`.
+
+    async def rows(self, query: str, /, **params: object) -> list[DictRow]:
+        cursor = await self.conn.execute(self._queries[query].text, {"now": self.now, **params})
+        return await cursor.fetchall()
+
+    async def row(self, query: str, /, **params: object) -> DictRow | None:
+        found = await self.rows(query, **params)
+        return found[0] if found else None
+
+    async def one(self, query: str, /, **params: object) -> DictRow:
+        found = await self.row(query, **params)
+        if found is None:
+            raise StoreError(f"postgres store: {query} found no row")
+        return found
+
+    async def run(self, query: str, /, **params: object) -> None:
+        await self.conn.execute(self._queries[query].text, {"now": self.now, **params})
+
+    async def run_many(self, query: str, rows: Iterable[Mapping[str, object]]) -> None:
+        params = [{"now": self.now, **row} for row in rows]
+        async with self.conn.cursor() as cursor:
+            await cursor.executemany(self._queries[query].text, params)
+
+    async def read_clock(self) -> None:
+        """The store's time, read now: the server's clock unless a clock was given. It never
+        goes back within a transaction."""
+        if self._clock is not None:
+            now = self._clock.now()
+        else:
+            now = float((await self.one("server_now"))["now"])
+        self.now = max(self.now, now)
+
+    async def conclude(self, channel: str) -> None:
+        await self.gates.flush()
+        if self.wake:
+            await self.run("notify", channel=channel)
+
+    # -- submission
+
+    async def submit(self, tasks: Sequence[NewTask], bounds: Mapping[str, int]) -> list[Submitted]:
+        states = await self.check_batch(tasks)
+        existing = await self.ids_for_keys(tasks)
+        await self.check_bounds(tasks, bounds, existing)
+        return await self.create(tasks, states, existing)
+
+    async def check_batch(self, tasks: Sequence[NewTask]) -> dict[int, TaskState]:
+        """Refuse a batch naming an unknown gate or task; hold the tasks it depends on still
+        (FOR SHARE) and return their states."""
+        named: list[int] = []
+        for index, task in enumerate(tasks):
+            for name in task.gates:
+                gating.resolve(name, self.configs)
+            for dep in task.after:
+                if not isinstance(dep, Sibling):
+                    named.append(dep)
+                elif not 0 <= dep.index < index:
+                    raise ConfigError(f"task.after: sibling {dep.index} is not earlier")
+        states = await self.dependency_states(named)
+        for dep in named:
+            if dep not in states:
+                raise UnknownTask(dep)
+        return states
+
+    async def dependency_states(self, ids: Iterable[int]) -> dict[int, TaskState]:
+        wanted = sorted(set(ids))
+        if not wanted:
+            return {}
+        found = await self.rows("share_tasks", ids=wanted)
+        return {int(row["id"]): TaskState(row["state"]) for row in found}
+
+    async def ids_for_keys(self, tasks: Sequence[NewTask]) -> dict[str, int]:
+        keys = sorted({task.key for task in tasks if task.key is not None})
+        if not keys:
+            return {}
+        return {
+            row["key"]: int(row["id"]) for row in await self.rows("task_ids_by_keys", keys=keys)
+        }
+
+    async def check_bounds(
+        self, tasks: Sequence[NewTask], bounds: Mapping[str, int], existing: Mapping[str, int]
+    ) -> None:
+        for kind in sorted(bounds):
+            new = sum(
+                1 for t in tasks if t.kind == kind and (t.key is None or t.key not in existing)
+            )
+            if not new:
+                continue
+            # One submitter at a time counts a bounded kind, so two cannot both squeeze in.
+            await self.run("advisory_lock", lock=f"headrace.bound:{kind}")
+            queued = int((await self.one("count_queued", kind=kind))["n"])
+            if queued + new > bounds[kind]:
+                raise QueueFull(kind, bounds[kind])
+
+    async def create(
+        self,
+        tasks: Sequence[NewTask],
+        states: dict[int, TaskState],
+        existing: Mapping[str, int],
+    ) -> list[Submitted]:
+        """Create the batch's new tasks (a known key names its task instead) in one statement."""
+        fresh = _first_of_each_key(tasks, existing)
+        ids = iter([int(row["id"]) for row in await self.rows("next_task_ids", n=len(fresh))])
+        keyed = dict(existing)
+        results: list[Submitted] = []
+        for index, task in enumerate(tasks):
+            if index not in fresh:
+                results.append(Submitted(keyed[task.key or ""], created=False))
+                continue
+            results.append(Submitted(next(ids), created=True))
+            if task.key is not None:
+                keyed[task.key] = results[-1].id
+        if fresh:
+            await self.insert(tasks, results, states, fresh)
+        return results
+
+    async def insert(
+        self,
+        tasks: Sequence[NewTask],
+        results: Sequence[Submitted],
+        states: dict[int, TaskState],
+        fresh: Collection[int],
+    ) -> None:
+        created = {results[index].id for index in fresh}
+        afters = [_resolved(task, results) for task in tasks]
+        others = {dep for after in afters for dep in after} - created - states.keys()
+        states.update(await self.dependency_states(others))
+        planned = [_plan(results[i].id, tasks[i], afters[i], states) for i in sorted(fresh)]
+        await self.tag(planned)
+        inserted = await self.rows("insert_tasks", **_insert_params(planned, self.now))
+        if len(inserted) < len(planned):
+            raise _KeyRace
+        deps = [(dep, p.id) for p in planned for dep in p.unmet]
+        if deps:
+            dep_ids, task_ids = zip(*deps, strict=True)
+            await self.run("insert_dependencies", dep_ids=list(dep_ids), task_ids=list(task_ids))
+        for failed in (p for p in planned if p.failed):
+            await self.cancel_tree(failed.id, UPSTREAM_FAILED)
+        self.wake = self.wake or any(not p.unmet for p in planned)
+
+    async def tag(self, planned: Sequence[_Planned]) -> None:
+        """Start tags for new tasks, in batch order; their flows' rows are locked in name order."""
+        flows = sorted({p.task.flow for p in planned})
+        await self.run("add_flows", flows=flows)
+        found = await self.rows("lock_flows", flows=flows)
+        finish = {row["flow"]: float(row["finish_tag"]) for row in found}
+        virtual_time = await self.virtual_time()
+        for p in planned:
+            tagged = fairness.tag(virtual_time, finish[p.task.flow], p.task.weight)
+            finish[p.task.flow] = tagged.flow_finish
+            p.tag = tagged.start
+        await self.run("save_flow_finishes", flows=flows, finishes=[finish[f] for f in flows])
+
+    async def virtual_time(self) -> float:
+        if self._virtual_time is None:
+            self._virtual_time = float((await self.one("meta_value", name="virtual_time"))["value"])
+        return self._virtual_time
+
+    # -- claiming
+
+    async def claim(
+        self, worker: str, limit: int, lease_for: float, kinds: list[str] | None
+    ) -> ClaimResult:
+        await self.reap()
+        await self.age()
+        chosen: list[TaskRecord] = []
+        excluded: set[str] = set()
+        book: GateBook | None = None
+        async with contextlib.aclosing(self.rounds(kinds, excluded, limit)) as rounds:
+            async for candidates in rounds:
+                book = await self.open_book(book, candidates)
+                await self.load_served(candidates)
+                self.admit(book, candidates, chosen, excluded, limit)
+                if len(chosen) >= limit:
+                    break
+        book = book or GateBook(self.configs, self.gates.get, self.now)
+        for name in book.changed:
+            self.gates.put(name, book.states[name])
+        leases = await self.lease(chosen, worker, lease_for)
+        later = (await self.one("next_ready_run_at"))["at"]
+        return ClaimResult(tuple(leases), self.now, earliest(book.wake_at(), later))
+
+    async def rounds(
+        self, kinds: list[str] | None, excluded: set[str], limit: int
+    ) -> AsyncGenerator[list[TaskRecord], None]:
+        """Ready tasks due now in (tier, tag, id) order, read a batch at a time (the first just
+        big enough for `limit`, then growing) and handed out whole rounds at a time: a run of
+        equal (tier, tag) is never split, so `take_turns` sees each round entire. Gate keys in
+        `excluded` (refused so far) are left out of later batches."""
+        after: tuple[int, float, int] = (-1, 0.0, 0)
+        size = min(CLAIM_BATCH, 2 * limit + 8)
+        held: list[TaskRecord] = []
+        while True:
+            batch = [
+                _record(found)
+                for found in await self.rows(
+                    "ready_candidates",
+                    tier=after[0],
+                    tag=after[1],
+                    id=after[2],
+                    kinds=kinds,
+                    refused=sorted(excluded),
+                    batch=size,
+                )
+            ]
+            if len(batch) < size:
+                if held or batch:
+                    yield held + batch
+                return
+            after = (int(batch[-1].tier), batch[-1].tag, batch[-1].id)
+            size = min(CLAIM_BATCH, size * 4)
+            whole, held = _split_last_round([*held, *batch])
+            if whole:
+                yield whole
+
+    async def open_book(self, book: GateBook | None, candidates: Sequence[TaskRecord]) -> GateBook:
+        """Lock the gates `candidates` need; the first time, read the clock after waiting for
+        them and open the book the claim decides with."""
+        waited = await self.gates.lock((g for t in candidates for g in t.gates), or_skip=True)
+        if book is not None:
+            return book
+        if waited:
+            await self.read_clock()
+        return GateBook(self.configs, self.gates.get, self.now)
+
+    def admit(
+        self,
+        book: GateBook,
+        candidates: Sequence[TaskRecord],
+        chosen: list[TaskRecord],
+        excluded: set[str],
+        limit: int,
+    ) -> None:
+        ordered = fairness.take_turns(
+            candidates,
+            rank=lambda task: (task.tier, task.tag),
+            flow=lambda task: task.flow,
+            last_served=self.last_served,
+        )
+        for task in ordered:
+            if len(chosen) >= limit:
+                break
+            key = gate_key(task.gates)
+            if key in excluded or key in book.refused_keys:
+                continue
+            if self.gates.busy.intersection(task.gates):
+                excluded.add(key)  # another claim holds one of its gates: next claim
+            elif book.admit(task.gates):
+                chosen.append(task)
+                self.dispatched(task)
+        excluded.update(book.refused_keys)
+
+    async def load_served(self, candidates: Sequence[TaskRecord]) -> None:
+        flows = sorted({task.flow for task in candidates} - self._served.keys())
+        if flows:
+            found = await self.rows("flows_served", flows=flows)
+            self._served.update({row["flow"]: int(row["served"]) for row in found})
+        if self._dispatches is None:
+            self._dispatches = int((await self.one("meta_value", name="dispatches"))["value"])
+            await self.virtual_time()
+
+    def last_served(self, flow: str) -> int:
+        return self._served.get(flow, 0)
+
+    def dispatched(self, task: TaskRecord) -> None:
+        self._virtual_time = fairness.advance(self._virtual_time or 0.0, task.tag)
+        self._dispatches = (self._dispatches or 0) + 1
+        self._served[task.flow] = self._dispatches
+        self._served_now.add(task.flow)
+
+    async def lease(
+        self, chosen: Sequence[TaskRecord], worker: str, lease_for: float
+    ) -> list[Lease]:
+        if not chosen:
+            return []
+        until = self.now + lease_for
+        ids = [task.id for task in chosen]
+        found = await self.rows("lease_tasks", ids=ids, worker=worker, until=until)
+        leased = {record.id: record for record in map(_record, found)}
+        await self.save_dispatches(len(chosen))
+        return [Lease(leased[i], leased[i].lease_token, until) for i in ids]
+
+    async def save_dispatches(self, count: int) -> None:
+        """Count this claim's dispatches and number its flows' turns after every dispatch that
+        other claims committed meanwhile."""
+        total = int((await self.one("count_dispatches", n=count))["value"])
+        offset = total - (self._dispatches or 0)
+        flows = sorted(self._served_now)
+        served = [self._served[flow] + offset for flow in flows]
+        await self.run("save_flows_served", flows=flows, served=served)
+        await self.run("advance_virtual_time", value=self._virtual_time or 0.0)
+
+    async def age(self) -> None:
+        step = self.settings.aging_step
+        if step <= 0:
+            return
+        cutoff = self.now - step + AGING_SLACK
+        promoted: dict[int, int] = {}
+        for tier in (t for t in Tier if t > AGING_CEILING):
+            for found in await self.rows("aging_candidates", tier=int(tier), cutoff=cutoff):
+                aged = aged_tier(tier, self.now - found["ready_since"], step)
+                if aged != tier:
+                    promoted[int(found["id"])] = int(aged)
+        if promoted:
+            await self.run("promote", ids=list(promoted), tiers=list(promoted.values()))
+
+    async def claim_polls(
+        self, worker: str, limit: int, lease_for: float, kinds: list[str] | None
+    ) -> ClaimResult:
+        due = [
+            int(row["id"]) for row in await self.rows("due_polls", kinds=kinds, limit=max(0, limit))
+        ]
+        leases: list[Lease] = []
+        if due:
+            until = self.now + lease_for
+            found = await self.rows("lease_polls", ids=due, worker=worker, until=until)
+            leased = {record.id: record for record in map(_record, found)}
+            leases = [Lease(leased[i], leased[i].lease_token, until) for i in due]
+        later = (await self.one("next_poll_at"))["at"]
+        return ClaimResult(tuple(leases), self.now, later)
+
+    # -- gates
+
+    async def release(self, task_id: int) -> None:
+        held = await self.rows("ticket_counts", task_id=task_id)
+        if not held:
+            return
+        await self.gates.lock(found["gate"] for found in held)
+        for found in held:
+            name = found["gate"]
+            self.gates.put(name, gating.release(self.gates.get(name), int(found["n"])))
+        await self.run("delete_tickets", task_id=task_id)
+        self.wake = True
+
+    async def penalize(self, names: Sequence[str]) -> None:
+        configs = {name: gating.resolve(name, self.configs) for name in names}
+        await self.gates.lock(names)
+        for name, config in configs.items():
+            self.gates.put(name, gating.penalize(config, self.gates.get(name), self.now))
+
+    # -- lease holders
+
+    async def renew(self, leases: Sequence[Lease], lease_for: float) -> list[Lease | None]:
+        if not leases:
+            return []
+        until = self.now + lease_for
+        ids = [lease.task_id for lease in leases]
+        tokens = [lease.token for lease in leases]
+        found = await self.rows("renew_leases", ids=ids, tokens=tokens, until=until)
+        renewed = {record.id: record for record in map(_record, found)}
+        return [
+            Lease(renewed[lease.task_id], lease.token, until)
+            if lease.task_id in renewed and renewed[lease.task_id].lease_token == lease.token
+            else None
+            for lease in leases
+        ]
+
+    async def held(self, lease: Lease) -> TaskRecord:
+        """The task `lease` still holds, locked until the outcome is written."""
+        found = await self.row("lock_task", id=lease.task_id)
+        await self.read_clock()  # after the row lock: waiting for it must not stretch the lease
+        task = None if found is None else _record(found)
+        if task is None or not _holds(task, lease.token, self.now):
+            raise LeaseLost(lease.task_id)
+        return task
+
+    async def finish(self, lease: Lease, outcome: Outcome) -> None:
+        task = await self.held(lease)
+        if isinstance(outcome, PollAgain):
+            await self.poll_again(task, outcome)
+        elif isinstance(outcome, Succeeded):
+            await self.succeed(task, outcome)
+        elif isinstance(outcome, Retry):
+            await self.retry(task, outcome)
+        elif isinstance(outcome, Dead):
+            await self.die(task, outcome)
+        else:
+            await self.await_remote(task, outcome)
+
+    async def finish_many(
+        self, outcomes: Sequence[tuple[Lease, Outcome]]
+    ) -> list[HeadraceError | None]:
+        """Each outcome inside its own savepoint: one refused outcome leaves no trace and does
+        not undo the others."""
+        results: list[HeadraceError | None] = []
+        for lease, outcome in outcomes:
+            before = self.gates.snapshot()
+            try:
+                async with self.conn.transaction():
+                    await self.finish(lease, outcome)
+            except HeadraceError as error:
+                self.gates.restore(before)
+                results.append(error)
+            else:
+                results.append(None)
+        return results
+
+    async def lock_gates_for(self, task: TaskRecord, penalized: Sequence[str]) -> None:
+        """Lock the gates an outcome touches (the task's tickets and those it penalises) in
+        name order, then read the clock again: gate times follow the order of the locks."""
+        for name in penalized:
+            gating.resolve(name, self.configs)
+        held = [found["gate"] for found in await self.rows("ticket_gates", task_ids=[task.id])]
+        if await self.gates.lock([*held, *penalized]):
+            await self.read_clock()
+
+    async def poll_again(self, task: TaskRecord, outcome: PollAgain) -> None:
+        if task.state is not TaskState.WAITING:
+            raise ConfigError("PollAgain: only a waiting task can be polled again")
+        await self.run("poll_again", id=task.id, run_at=self.now + outcome.delay)
+
+    async def succeed(self, task: TaskRecord, outcome: Succeeded) -> None:
+        # Successors are checked like a submitted batch: a bad one fails the whole completion.
+        states = await self.check_batch(outcome.successors)
+        existing = await self.ids_for_keys(outcome.successors)
+        await self.lock_gates_for(task, ())
+        await self.end_attempt(task, AttemptOutcome.SUCCEEDED, None)
+        await self.release(task.id)
+        await self.run("mark_succeeded", id=task.id)
+        units = outcome.cost if outcome.cost is not None else task.cost
+        await self.run("add_to_ledger", grp=task.group or "", kind=task.kind, units=units)
+        await self.create(outcome.successors, states, existing)
+        await self.unblock_dependents(task.id)
+        self.wake = True
+
+    async def unblock_dependents(self, task_id: int) -> None:
+        found = await self.rows("unblock_dependents", dep_id=task_id)
+        self.wake = self.wake or any(row["state"] == TaskState.READY.value for row in found)
+
+    async def retry(self, task: TaskRecord, outcome: Retry) -> None:
+        await self.lock_gates_for(task, outcome.penalize)
+        await self.penalize(outcome.penalize)
+        await self.end_attempt(task, AttemptOutcome.RETRY, outcome.error)
+        await self.release(task.id)
+        run_at = self.now + outcome.delay
+        await self.run("mark_retry", id=task.id, run_at=run_at, code=outcome.error.code)
+
+    async def die(self, task: TaskRecord, outcome: Dead) -> None:
+        await self.lock_tree([task.id])
+        await self.lock_gates_for(task, outcome.penalize)
+        await self.penalize(outcome.penalize)
+        await self.end_attempt(task, AttemptOutcome.DEAD, outcome.error)
+        await self.bury(task.id, outcome.error.code)
+
+    async def await_remote(self, task: TaskRecord, outcome: AwaitRemote) -> None:
+        if task.state is TaskState.WAITING:
+            raise ConfigError("AwaitRemote: the task is already waiting on a remote job")
+        await self.end_attempt(task, AttemptOutcome.WAITING, None)
+        deadline = self.now + outcome.timeout if outcome.timeout is not None else None
+        await self.run(
+            "mark_waiting",
+            id=task.id,
+            remote_id=outcome.remote_id,
+            poll_every=outcome.poll_every,
+            deadline=deadline,
+            run_at=self.now + outcome.poll_every,
+        )
+
+    async def end_attempt(
+        self, task: TaskRecord, outcome: AttemptOutcome, error: AttemptError | None
+    ) -> None:
+        await self.run(
+            "end_attempt",
+            task_id=task.id,
+            number=task.attempt,
+            outcome=outcome.value,
+            error_class=error.error_class.value if error else None,
+            code=error.code if error else None,
+            message=error.message if error else None,
+        )
+
+    async def bury(self, task_id: int, code: str) -> None:
+        await self.end_task(task_id, TaskState.DEAD, code)
+        for dependent in await self.dependents(task_id):
+            await self.cancel_tree(dependent, UPSTREAM_FAILED)
+
+    async def end_task(self, task_id: int, state: TaskState, code: str) -> None:
+        await self.release(task_id)
+        await self.run("mark_ended", id=task_id, state=state.value, code=code)
+
+    async def dependents(self, task_id: int) -> list[int]:
+        return [int(found["task_id"]) for found in await self.rows("dependents", dep_id=task_id)]
+
+    async def lock_tree(self, roots: Sequence[int]) -> list[int]:
+        """Lock tasks and everything waiting on them, in id order (before any gate)."""
+        tree = [int(found["id"]) for found in await self.rows("dependent_tree", ids=list(roots))]
+        await self.rows("lock_tasks", ids=tree)
+        return tree
+
+    # -- dead letters
+
+    async def redrive(
+        self, ids: list[int] | None, group: str | None, kind: str | None
+    ) -> list[int]:
+        redriven: list[int] = []
+        for found in await self.rows("dead_letters", ids=ids, grp=group, kind=kind):
+            if await self.row("redrive_task", id=found["id"]) is not None:
+                redriven.append(int(found["id"]))
+                await self.restore_dependents(int(found["id"]))
+        self.wake = self.wake or bool(redriven)
+        return redriven
+
+    async def restore_dependents(self, task_id: int) -> None:
+        for dependent in await self.dependents(task_id):
+            if (await self.one("failed_deps", id=dependent))["n"]:
+                continue
+            if await self.row("restore_dependent", id=dependent) is not None:
+                await self.restore_dependents(dependent)
+
+    # -- cancellation and reaping
+
+    async def cancel(self, task_id: int) -> bool:
+        if (await self.task(task_id)).state.terminal:
+            return False
+        await self.cancel_tree(task_id, "cancelled")
+        return True
+
+    async def cancel_tree(self, root: int, code: str) -> None:
+        tree = await self.lock_tree([root])
+        held = await self.rows("ticket_gates", task_ids=tree)
+        await self.gates.lock(found["gate"] for found in held)
+        pending = [(root, code)]
+        while pending:
+            task_id, reason = pending.pop()
+            task = await self.task(task_id)
+            if task.state.terminal:
+                continue
+            if task.state in (TaskState.RUNNING, TaskState.WAITING):
+                await self.end_attempt(task, AttemptOutcome.CANCELLED, None)
+            await self.end_task(task_id, TaskState.CANCELLED, reason)
+            dependents = reversed(await self.dependents(task_id))
+            pending.extend((dependent, UPSTREAM_FAILED) for dependent in dependents)
+
+    async def reap(self) -> int:
+        expired = [_record(found) for found in await self.rows("expired_leases")]
+        if not expired:
+            return 0
+        ids = [task.id for task in expired]
+        await self.lock_tree(ids)
+        held = await self.rows("ticket_gates", task_ids=ids)
+        if await self.gates.lock(found["gate"] for found in held):
+            await self.read_clock()
+        for task in expired:
+            await self.expire(task)
+        self.wake = True
+        return len(expired)
+
+    async def expire(self, task: TaskRecord) -> None:
+        error = AttemptError.of(ErrorClass.TRANSIENT, LEASE_EXPIRED, "worker lost its lease")
+        await self.end_attempt(task, AttemptOutcome.LEASE_EXPIRED, error)
+        poisoned = task.expiries + 1 >= self.settings.poison_expiries
+        if poisoned or task.attempts_used >= task.max_attempts:
+            await self.run("count_expiry", id=task.id)
+            await self.bury(task.id, POISON if poisoned else LEASE_EXPIRED)
+            return
+        await self.release(task.id)
+        await self.run("requeue_expired", id=task.id, code=LEASE_EXPIRED)
+
+    # -- reading
+
+    async def task(self, task_id: int) -> TaskRecord:
+        found = await self.row("task_by_id", id=task_id)
+        if found is None:
+            raise UnknownTask(task_id)
+        return _record(found)
+
+    async def find(self, key: str) -> TaskRecord | None:
+        found = await self.rows("task_ids_by_keys", keys=[key])
+        return await self.task(int(found[0]["id"])) if found else None
+
+    async def tasks(
+        self, group: str | None, state: TaskState | None, kind: str | None, limit: int
+    ) -> list[TaskRecord]:
+        value = state.value if state is not None else None
+        found = await self.rows("list_tasks", grp=group, state=value, kind=kind, limit=limit)
+        return [_record(row) for row in found]
+
+    async def attempts(self, task_id: int) -> list[Attempt]:
+        await self.task(task_id)
+        return [_attempt(found) for found in await self.rows("task_attempts", task_id=task_id)]
+
+    async def counts(self) -> dict[TaskState, int]:
+        return _by_state(await self.rows("count_by_state"))
+
+    async def groups(self) -> list[str]:
+        return sorted(str(found["grp"]) for found in await self.rows("group_names"))
+
+    async def group_report(self, group: str) -> GroupReport:
+        by_state = _by_state(await self.rows("group_counts", grp=group))
+        ledger = await self.rows("group_ledger", grp=group)
+        cost = dict(sorted((str(r["kind"]), float(r["units"])) for r in ledger))
+        failures = tuple(
+            Failure(r["id"], r["kind"], r["ref"], r["error_code"], r["attempt"])
+            for r in await self.rows("group_failures", grp=group)
+        )
+        total = sum(by_state.values())
+        return GroupReport(group, total, by_state, cost, failures)
+
+    async def gate_statistics(self) -> list[GateStatistics]:
+        stats: list[GateStatistics] = []
+        for found in await self.rows("all_gates"):
+            try:
+                config = gating.resolve(found["name"], self.configs)
+            except UnknownGate:
+                continue  # declared by another process sharing the store, not by this one
+            stats.append(gating.statistics(config, _gate_state(found), self.now))
+        return sorted(stats, key=lambda s: s.name)
+
+
+def _holds(task: TaskRecord, token: int, now: float) -> bool:
+    return (
+        task.state in (TaskState.RUNNING, TaskState.WAITING)
+        and task.lease_token == token
+        and task.lease_until is not None
+        and task.lease_until > now
+    )
+
+
+def _kinds(kinds: Collection[str] | None) -> list[str] | None:
+    return None if kinds is None else sorted(kinds)
+
+
+def _split_last_round(
+    candidates: list[TaskRecord],
+) -> tuple[list[TaskRecord], list[TaskRecord]]:
+    """`candidates` cut before the run of equal (tier, tag) that ends it (which may go on in
+    the next batch)."""
+    last = (candidates[-1].tier, candidates[-1].tag)
+    cut = len(candidates)
+    while cut and (candidates[cut - 1].tier, candidates[cut - 1].tag) == last:
+        cut -= 1
+    return candidates[:cut], candidates[cut:]
+
+
+def _first_of_each_key(tasks: Sequence[NewTask], existing: Mapping[str, int]) -> set[int]:
+    """Indexes of the tasks to create: those without a key, or the first with a new key."""
+    seen: set[str] = set(existing)
+    fresh: set[int] = set()
+    for index, task in enumerate(tasks):
+        if task.key is None:
+            fresh.add(index)
+        elif task.key not in seen:
+            seen.add(task.key)
+            fresh.add(index)
+    return fresh
+
+
+def _resolved(task: NewTask, results: Sequence[Submitted]) -> list[int]:
+    return [results[d.index].id if isinstance(d, Sibling) else d for d in task.after]
+
+
+def _plan(
+    task_id: int, task: NewTask, after: Sequence[int], states: Mapping[int, TaskState]
+) -> _Planned:
+    unmet = sorted({dep for dep in after if states.get(dep) is not TaskState.SUCCEEDED})
+    failed = any(states.get(dep) in (TaskState.DEAD, TaskState.CANCELLED) for dep in unmet)
+    return _Planned(task_id, task, unmet, failed)
+
+
+def _insert_params(planned: Sequence[_Planned], now: float) -> dict[str, list[Any]]:
+    return {
+        "ids": [p.id for p in planned],
+        "kinds": [p.task.kind for p in planned],
+        "refs": [p.task.ref for p in planned],
+        "gates": [" ".join(p.task.gates) for p in planned],
+        "gate_keys": [gate_key(p.task.gates) for p in planned],
+        "flows": [p.task.flow for p in planned],
+        "grps": [p.task.group for p in planned],
+        "tiers": [int(p.task.tier) for p in planned],
+        "costs": [float(p.task.cost) for p in planned],
+        "keys": [p.task.key for p in planned],
+        "states": [(TaskState.PENDING if p.unmet else TaskState.READY).value for p in planned],
+        "max_attempts": [p.task.max_attempts for p in planned],
+        "tags": [p.tag for p in planned],
+        "run_ats": [now + p.task.delay for p in planned],
+        "ready_sinces": [None if p.unmet else now for p in planned],
+        "unmets": [len(p.unmet) for p in planned],
+    }
+
+
+def _by_state(rows: Iterable[DictRow]) -> dict[TaskState, int]:
+    counts = dict.fromkeys(TaskState, 0)
+    for found in rows:
+        counts[TaskState(found["state"])] = int(found["n"])
+    return counts
+
+
+def _record(row: DictRow) -> TaskRecord:
+    return TaskRecord(
+        id=row["id"],
+        kind=row["kind"],
+        ref=row["ref"],
+        gates=tuple(row["gates"]),
+        flow=row["flow"],
+        group=row["grp"],
+        tier=Tier(row["tier"]),
+        submitted_tier=Tier(row["submitted_tier"]),
+        cost=row["cost"],
+        key=row["key"],
+        state=TaskState(row["state"]),
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        tag=row["tag"],
+        created_at=row["created_at"],
+        run_at=row["run_at"],
+        ready_since=row["ready_since"],
+        promoted_at=row["promoted_at"],
+        finished_at=row["finished_at"],
+        worker=row["worker"],
+        lease_until=row["lease_until"],
+        lease_token=row["lease_token"],
+        remote_id=row["remote_id"],
+        poll_every=row["poll_every"],
+        remote_deadline=row["remote_deadline"],
+        error_code=row["error_code"],
+        expiries=row["expiries"],
+        attempt_base=row["attempt_base"],
+    )
+
+
+def _attempt(row: DictRow) -> Attempt:
+    error_class = row["error_class"]
+    return Attempt(
+        task_id=row["task_id"],
+        number=row["number"],
+        worker=row["worker"],
+        started_at=row["started_at"],
+        ended_at=row["ended_at"],
+        outcome=AttemptOutcome(row["outcome"]),
+        error_class=ErrorClass(error_class) if error_class is not None else None,
+        code=row["code"],
+        message=row["message"],
+    )
+
+
+def _gate_state(row: DictRow) -> GateState:
+    penalized_until = row["penalized_until"]
+    return GateState(
+        in_flight=row["in_flight"],
+        starts=tuple(float(start) for start in row["starts"]),
+        penalized_until=-math.inf if penalized_until is None else penalized_until,
+        granted=row["granted"],
+        blocked_by_token=row["blocked_by_token"],
+        blocked_by_concurrency=row["blocked_by_concurrency"],
+        rate_limited=row["rate_limited"],
+        peak_in_flight=row["peak_in_flight"],
+        first_blocked_at=row["first_blocked_at"],
+    )
+
+
+def _gate_params(name: str, state: GateState) -> dict[str, object]:
+    penalized = state.penalized_until
+    return {
+        "name": name,
+        "in_flight": state.in_flight,
+        "starts": list(state.starts),
+        "penalized_until": None if penalized == -math.inf else penalized,
+        "granted": state.granted,
+        "blocked_by_token": state.blocked_by_token,
+        "blocked_by_concurrency": state.blocked_by_concurrency,
+        "rate_limited": state.rate_limited,
+        "peak_in_flight": state.peak_in_flight,
+        "first_blocked_at": state.first_blocked_at,
+    }
+
+
+__all__ = ["PostgresStore", "migrate", "split_url"]

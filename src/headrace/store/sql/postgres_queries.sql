@@ -1,0 +1,430 @@
+-- The statements of the PostgreSQL store (store/postgres.py), by name. Parameters are psycopg's
+-- named placeholders; `%(now)s` is always the store clock's time in epoch seconds, read inside
+-- the verb's transaction (after the gate rows it needs are locked, for a claim). `{schema}` and
+-- `{channel}` are identifiers the store composes in; no other statement names the schema: the
+-- connections' search_path is the store's schema.
+
+-- name: server_now
+-- The server's clock in epoch seconds: the store's time when no test clock is given.
+SELECT extract(epoch FROM clock_timestamp())::double precision AS now;
+
+-- name: set_search_path
+-- Make the store's schema the one unqualified names resolve in, for this connection.
+SELECT set_config('search_path', quote_ident(%(schema)s::text), false);
+
+-- name: create_schema
+-- The store's own schema, created by the first migration run.
+CREATE SCHEMA IF NOT EXISTS {schema};
+
+-- name: advisory_lock
+-- Serialise this transaction with others taking the same named lock (migrations, a stage bound).
+SELECT pg_advisory_xact_lock(hashtext(%(lock)s::text));
+
+-- name: create_migrations_table
+-- The table that records which migrations were applied.
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version    integer     PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: schema_version
+-- The schema version: the newest migration applied (0 for an empty schema).
+SELECT coalesce(max(version), 0) AS version FROM schema_migrations;
+
+-- name: record_migration
+-- Record that a migration was applied.
+INSERT INTO schema_migrations (version) VALUES (%(version)s::integer);
+
+-- name: read_snapshot
+-- A reading verb sees one consistent snapshot and writes nothing.
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
+
+-- name: notify
+-- Wake idle workers listening on the store's channel (delivered when the transaction commits).
+SELECT pg_notify(%(channel)s::text, '');
+
+-- name: listen
+-- Receive the store's wake-ups on this connection.
+LISTEN {channel};
+
+-- name: task_by_id
+-- One task.
+SELECT * FROM tasks WHERE id = %(id)s::bigint;
+
+-- name: lock_task
+-- One task, locked until the end of the transaction: its holder's write is checked against it.
+SELECT * FROM tasks WHERE id = %(id)s::bigint FOR UPDATE;
+
+-- name: lock_tasks
+-- Tasks locked in id order (a cancelled tree), so that no two writers wait on each other.
+SELECT id FROM tasks WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR UPDATE;
+
+-- name: share_tasks
+-- The states of tasks named as dependencies, held still until the new dependents are written.
+SELECT id, state FROM tasks WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR SHARE;
+
+-- name: task_ids_by_keys
+-- The tasks idempotency keys name.
+SELECT id, key FROM tasks WHERE key = ANY(%(keys)s::text[]);
+
+-- name: count_queued
+-- Tasks of a kind still waiting to run (pending or ready): what a stage's bound limits.
+SELECT count(*) AS n FROM tasks WHERE kind = %(kind)s::text AND state IN ('pending', 'ready');
+
+-- name: next_task_ids
+-- Ids for the tasks of a batch, so that siblings can name each other before they are written.
+SELECT nextval(pg_get_serial_sequence('tasks', 'id')) AS id
+FROM generate_series(1, %(n)s::integer);
+
+-- name: insert_tasks
+-- Create a batch of tasks (parallel arrays); a key another writer took first is left out.
+INSERT INTO tasks (
+    id, kind, ref, gates, gate_key, flow, grp, tier, submitted_tier, cost, key, state,
+    max_attempts, tag, created_at, run_at, ready_since, unmet
+)
+SELECT
+    t.id, t.kind, t.ref, string_to_array(t.gates, ' '), t.gate_key, t.flow, t.grp, t.tier,
+    t.tier, t.cost, t.key, t.state, t.max_attempts, t.tag, %(now)s::double precision, t.run_at,
+    t.ready_since, t.unmet
+FROM unnest(
+    %(ids)s::bigint[], %(kinds)s::text[], %(refs)s::text[], %(gates)s::text[],
+    %(gate_keys)s::text[], %(flows)s::text[], %(grps)s::text[], %(tiers)s::smallint[],
+    %(costs)s::double precision[], %(keys)s::text[], %(states)s::text[],
+    %(max_attempts)s::integer[], %(tags)s::double precision[], %(run_ats)s::double precision[],
+    %(ready_sinces)s::double precision[], %(unmets)s::integer[]
+) AS t (
+    id, kind, ref, gates, gate_key, flow, grp, tier, cost, key, state, max_attempts, tag,
+    run_at, ready_since, unmet
+)
+ORDER BY t.id
+ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING
+RETURNING id;
+
+-- name: insert_dependencies
+-- Make tasks wait on their dependencies (parallel arrays).
+INSERT INTO task_deps (dep_id, task_id)
+SELECT * FROM unnest(%(dep_ids)s::bigint[], %(task_ids)s::bigint[])
+ON CONFLICT DO NOTHING;
+
+-- name: unblock_dependents
+-- A dependency succeeded: count it met, and make dependents with none left ready.
+UPDATE tasks
+SET unmet = unmet - 1,
+    state = CASE WHEN unmet = 1 AND state = 'pending' THEN 'ready' ELSE state END,
+    ready_since = CASE
+        WHEN unmet = 1 AND state = 'pending' THEN %(now)s::double precision
+        ELSE ready_since
+    END
+WHERE id IN (SELECT task_id FROM task_deps WHERE dep_id = %(dep_id)s::bigint)
+RETURNING state;
+
+-- name: dependents
+-- Who waits on a task (kept after its outcome: a redrive may restore them).
+SELECT task_id FROM task_deps WHERE dep_id = %(dep_id)s::bigint ORDER BY task_id;
+
+-- name: dependent_tree
+-- Tasks and everything that waits on them, directly or not: what cancelling them may touch.
+WITH RECURSIVE tree (id) AS (
+    SELECT unnest(%(ids)s::bigint[])
+    UNION
+    SELECT d.task_id FROM task_deps AS d JOIN tree ON d.dep_id = tree.id
+)
+SELECT id FROM tree ORDER BY id;
+
+-- name: failed_deps
+-- How many of a task's dependencies are dead or cancelled.
+SELECT count(*) AS n FROM task_deps AS d JOIN tasks AS t ON t.id = d.dep_id
+WHERE d.task_id = %(id)s::bigint AND t.state IN ('dead', 'cancelled');
+
+-- name: dead_letters
+-- Dead tasks, optionally by ids, group and kind.
+SELECT * FROM tasks
+WHERE state = 'dead'
+  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+  AND (%(grp)s::text IS NULL OR grp = %(grp)s::text)
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+ORDER BY id;
+
+-- name: redrive_task
+-- Re-enqueue a dead task with a fresh attempt budget; no row if it is no longer dead.
+UPDATE tasks
+SET state = 'ready', run_at = %(now)s::double precision,
+    ready_since = coalesce(ready_since, %(now)s::double precision),
+    attempt_base = attempt, expiries = 0, error_code = NULL, finished_at = NULL
+WHERE id = %(id)s::bigint AND state = 'dead'
+RETURNING id;
+
+-- name: restore_dependent
+-- A task cancelled only because it waited on a dead one waits again.
+UPDATE tasks SET state = 'pending', finished_at = NULL, error_code = NULL
+WHERE id = %(id)s::bigint AND state = 'cancelled' AND error_code = 'upstream_failed'
+RETURNING id;
+
+-- name: meta_value
+-- A store-wide number: the fair-queueing virtual time or the dispatch count.
+SELECT value FROM meta WHERE name = %(name)s::text;
+
+-- name: count_dispatches
+-- Count a claim's dispatches; the new count numbers them for flows' turns.
+UPDATE meta SET value = value + %(n)s::double precision WHERE name = 'dispatches'
+RETURNING value;
+
+-- name: advance_virtual_time
+-- Move the fair-queueing virtual time to the largest tag dispatched (never back).
+UPDATE meta SET value = greatest(value, %(value)s::double precision)
+WHERE name = 'virtual_time';
+
+-- name: add_flows
+-- Flows seen for the first time, in name order (the order every writer locks flows in).
+INSERT INTO flows (flow)
+SELECT flow FROM unnest(%(flows)s::text[]) AS f (flow) ORDER BY flow COLLATE "C"
+ON CONFLICT (flow) DO NOTHING;
+
+-- name: lock_flows
+-- Flows' finish tags, locked in name order while their new tasks are tagged.
+SELECT flow, finish_tag FROM flows WHERE flow = ANY(%(flows)s::text[])
+ORDER BY flow COLLATE "C"
+FOR UPDATE;
+
+-- name: save_flow_finishes
+-- Move flows' finish tags after tagging their tasks (parallel arrays).
+UPDATE flows SET finish_tag = f.finish
+FROM unnest(%(flows)s::text[], %(finishes)s::double precision[]) AS f (flow, finish)
+WHERE flows.flow = f.flow;
+
+-- name: flows_served
+-- When flows were last served (a dispatch count; 0 = never).
+SELECT flow, served FROM flows WHERE flow = ANY(%(flows)s::text[]);
+
+-- name: save_flows_served
+-- Mark flows served by their dispatch numbers (parallel arrays, in name order).
+UPDATE flows SET served = f.served
+FROM unnest(%(flows)s::text[], %(served)s::bigint[]) AS f (flow, served)
+WHERE flows.flow = f.flow;
+
+-- name: expired_leases
+-- Running tasks whose lease ran out, locked; a task another writer holds is left to it.
+SELECT * FROM tasks
+WHERE state = 'running' AND lease_until <= %(now)s::double precision
+ORDER BY id
+FOR UPDATE SKIP LOCKED;
+
+-- name: count_expiry
+-- Count one more lease a task's worker lost.
+UPDATE tasks SET expiries = expiries + 1 WHERE id = %(id)s::bigint;
+
+-- name: requeue_expired
+-- A lost lease makes the task ready again at once.
+UPDATE tasks
+SET state = 'ready', run_at = %(now)s::double precision, worker = NULL, lease_until = NULL,
+    error_code = %(code)s::text, expiries = expiries + 1
+WHERE id = %(id)s::bigint;
+
+-- name: aging_candidates
+-- Ready tasks of a tier that may have waited an aging step (the caller decides with aged_tier).
+SELECT id, tier, ready_since FROM tasks
+WHERE state = 'ready' AND tier = %(tier)s::smallint
+  AND ready_since <= %(cutoff)s::double precision
+FOR UPDATE SKIP LOCKED;
+
+-- name: promote
+-- Raise waiting tasks' tiers by aging (parallel arrays).
+UPDATE tasks SET tier = p.tier, promoted_at = %(now)s::double precision
+FROM unnest(%(ids)s::bigint[], %(tiers)s::smallint[]) AS p (id, tier)
+WHERE tasks.id = p.id;
+
+-- name: ready_candidates
+-- One claim batch: due ready tasks after a (tier, tag, id) key, locked (others' skipped).
+SELECT * FROM tasks
+WHERE state = 'ready'
+  AND (tier, tag, id) > (%(tier)s::smallint, %(tag)s::double precision, %(id)s::bigint)
+  AND run_at <= %(now)s::double precision
+  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+  AND gate_key <> ALL(%(refused)s::text[])
+ORDER BY tier, tag, id
+LIMIT %(batch)s::integer
+FOR UPDATE SKIP LOCKED;
+
+-- name: lease_tasks
+-- Lease ready tasks to a worker under new fencing tokens, with attempt rows and tickets.
+WITH leased AS (
+    UPDATE tasks
+    SET state = 'running', attempt = attempt + 1, worker = %(worker)s::text,
+        lease_until = %(until)s::double precision, lease_token = lease_token + 1
+    WHERE id = ANY(%(ids)s::bigint[])
+    RETURNING *
+), started AS (
+    INSERT INTO attempts (task_id, number, worker, started_at, outcome)
+    SELECT id, attempt, worker, %(now)s::double precision, 'running' FROM leased
+), granted AS (
+    INSERT INTO tickets (task_id, gate) SELECT id, unnest(gates) FROM leased
+)
+SELECT * FROM leased;
+
+-- name: end_attempt
+-- Close the open attempt of a task (running, or waiting on its remote job) with its outcome.
+UPDATE attempts
+SET ended_at = %(now)s::double precision, outcome = %(outcome)s::text,
+    error_class = %(error_class)s::text, code = %(code)s::text, message = %(message)s::text
+WHERE task_id = %(task_id)s::bigint AND number = %(number)s::integer
+  AND outcome IN ('running', 'waiting');
+
+-- name: next_ready_run_at
+-- The earliest future run_at of a ready task: when a claim may find new work.
+SELECT min(run_at) AS at FROM tasks
+WHERE state = 'ready' AND run_at > %(now)s::double precision;
+
+-- name: ticket_gates
+-- The gates tasks hold tickets on.
+SELECT DISTINCT gate FROM tickets WHERE task_id = ANY(%(task_ids)s::bigint[]);
+
+-- name: ticket_counts
+-- The tickets a task holds, per gate.
+SELECT gate, count(*) AS n FROM tickets WHERE task_id = %(task_id)s::bigint
+GROUP BY gate ORDER BY gate;
+
+-- name: delete_tickets
+-- Return every ticket a task holds.
+DELETE FROM tickets WHERE task_id = %(task_id)s::bigint;
+
+-- name: add_gates
+-- Rows for gates asked for the first time, in name order (the order every writer locks gates in).
+INSERT INTO gates (name)
+SELECT name FROM unnest(%(names)s::text[]) AS g (name) ORDER BY name COLLATE "C"
+ON CONFLICT (name) DO NOTHING;
+
+-- name: lock_gates
+-- Gate states, locked in name order until the transaction ends: waits for other writers.
+SELECT * FROM gates WHERE name = ANY(%(names)s::text[]) ORDER BY name COLLATE "C" FOR UPDATE;
+
+-- name: try_lock_gates
+-- Gate states, locked in name order, leaving out those another writer holds: never waits.
+SELECT * FROM gates WHERE name = ANY(%(names)s::text[])
+ORDER BY name COLLATE "C"
+FOR UPDATE SKIP LOCKED;
+
+-- name: save_gate
+-- Write one (locked) gate's state.
+UPDATE gates
+SET in_flight = %(in_flight)s::integer,
+    starts = %(starts)s::double precision[],
+    penalized_until = %(penalized_until)s::double precision,
+    granted = %(granted)s::bigint,
+    blocked_by_token = %(blocked_by_token)s::bigint,
+    blocked_by_concurrency = %(blocked_by_concurrency)s::bigint,
+    rate_limited = %(rate_limited)s::bigint,
+    peak_in_flight = %(peak_in_flight)s::integer,
+    first_blocked_at = %(first_blocked_at)s::double precision
+WHERE name = %(name)s::text;
+
+-- name: all_gates
+-- Every gate that granted, refused or was penalised.
+SELECT * FROM gates
+WHERE granted + blocked_by_token + blocked_by_concurrency + rate_limited > 0;
+
+-- name: due_polls
+-- Waiting tasks whose remote poll is due and not leased to a live poller, oldest first, locked.
+SELECT id FROM tasks
+WHERE state = 'waiting' AND run_at <= %(now)s::double precision
+  AND (lease_until IS NULL OR lease_until <= %(now)s::double precision)
+  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+ORDER BY run_at, id
+LIMIT %(limit)s::integer
+FOR UPDATE SKIP LOCKED;
+
+-- name: lease_polls
+-- Hand waiting tasks to a poller, each under a new fencing token.
+UPDATE tasks
+SET worker = %(worker)s::text, lease_until = %(until)s::double precision,
+    lease_token = lease_token + 1
+WHERE id = ANY(%(ids)s::bigint[])
+RETURNING *;
+
+-- name: next_poll_at
+-- The earliest future poll time of a waiting task.
+SELECT min(run_at) AS at FROM tasks
+WHERE state = 'waiting' AND run_at > %(now)s::double precision;
+
+-- name: renew_leases
+-- Extend leases their holders still hold (same token, not expired); lost ones return no row.
+UPDATE tasks SET lease_until = %(until)s::double precision
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS l (id, token)
+WHERE tasks.id = l.id AND tasks.lease_token = l.token
+  AND tasks.state IN ('running', 'waiting') AND tasks.lease_until > %(now)s::double precision
+RETURNING tasks.*;
+
+-- name: poll_again
+-- The remote job still runs: poll it again at run_at, by any poller.
+UPDATE tasks SET run_at = %(run_at)s::double precision, lease_until = NULL, worker = NULL
+WHERE id = %(id)s::bigint;
+
+-- name: mark_succeeded
+-- Record a task's success.
+UPDATE tasks
+SET state = 'succeeded', finished_at = %(now)s::double precision, lease_until = NULL,
+    error_code = NULL
+WHERE id = %(id)s::bigint;
+
+-- name: add_to_ledger
+-- Add a succeeded task's units to its group's ledger.
+INSERT INTO ledger (grp, kind, units)
+VALUES (%(grp)s::text, %(kind)s::text, %(units)s::double precision)
+ON CONFLICT (grp, kind) DO UPDATE SET units = ledger.units + excluded.units;
+
+-- name: mark_retry
+-- Queue a task for another attempt at run_at.
+UPDATE tasks
+SET state = 'ready', run_at = %(run_at)s::double precision, worker = NULL, lease_until = NULL,
+    remote_id = NULL, poll_every = NULL, remote_deadline = NULL, error_code = %(code)s::text
+WHERE id = %(id)s::bigint;
+
+-- name: mark_waiting
+-- A task's remote job runs: it keeps its tickets, frees its worker, and is polled at run_at.
+UPDATE tasks
+SET state = 'waiting', remote_id = %(remote_id)s::text,
+    poll_every = %(poll_every)s::double precision,
+    remote_deadline = %(deadline)s::double precision, run_at = %(run_at)s::double precision,
+    worker = NULL, lease_until = NULL
+WHERE id = %(id)s::bigint;
+
+-- name: mark_ended
+-- Record a task's end without success (dead or cancelled) and why.
+UPDATE tasks
+SET state = %(state)s::text, finished_at = %(now)s::double precision, worker = NULL,
+    lease_until = NULL, error_code = %(code)s::text
+WHERE id = %(id)s::bigint;
+
+-- name: list_tasks
+-- Tasks by id, optionally of one group, state and kind.
+SELECT * FROM tasks
+WHERE (%(grp)s::text IS NULL OR grp = %(grp)s::text)
+  AND (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+ORDER BY id
+LIMIT %(limit)s::integer;
+
+-- name: task_attempts
+-- A task's attempt history, first attempt first.
+SELECT * FROM attempts WHERE task_id = %(task_id)s::bigint ORDER BY number;
+
+-- name: count_by_state
+-- How many tasks are in each state.
+SELECT state, count(*) AS n FROM tasks GROUP BY state;
+
+-- name: group_names
+-- Every group that names at least one task.
+SELECT DISTINCT grp FROM tasks WHERE grp IS NOT NULL;
+
+-- name: group_counts
+-- How many tasks of a group are in each state.
+SELECT state, count(*) AS n FROM tasks WHERE grp = %(grp)s::text GROUP BY state;
+
+-- name: group_ledger
+-- A group's units per kind.
+SELECT kind, units FROM ledger WHERE grp = %(grp)s::text;
+
+-- name: group_failures
+-- A group's dead tasks with their safe error codes.
+SELECT id, kind, ref, error_code, attempt FROM tasks
+WHERE grp = %(grp)s::text AND state = 'dead'
+ORDER BY id;
