@@ -257,3 +257,24 @@ def dlq_retry(
         click.echo(f"re-enqueued {len(ids)}: {shown}")
 
     asyncio.run(run(_open_store_for(db, app_target)))
+
+
+@main.group()
+def db() -> None:
+    """The store's schema."""
+
+
+@db.command("upgrade")
+@click.option("--db", "url", required=True, help="Store URL (postgresql://…, sqlite:///…).")
+def db_upgrade(url: str) -> None:
+    """Apply the schema migrations the store lacks; print the version before and after."""
+    from headrace.policy.errors import StoreError
+    from headrace.store.urls import upgrade_schema
+
+    try:
+        before, after = asyncio.run(upgrade_schema(_store_url(url)))
+    except ConfigError as error:
+        raise click.BadParameter(str(error), param_hint="--db") from None
+    except StoreError as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(f"schema version {before} -> {after}")
