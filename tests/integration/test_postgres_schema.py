@@ -1,0 +1,257 @@
+"""The PostgreSQL schema: migrating an empty schema gives exactly `postgres_schema.sql`, migrating
+again changes nothing, two processes migrating at once do not race, and every named query
+prepares against the schema. Needs the test server (skips without it, fails when `CI` is set)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql as pgsql
+from psycopg.rows import DictRow, dict_row
+
+from headrace.policy import ConfigError, StoreError
+from headrace.policy.errors import StoreUnavailable
+from headrace.store import sql
+from headrace.store.postgres import MIGRATIONS, QUERIES, PostgresStore, migrate, split_url
+from headrace.store.types import Settings
+from headrace.store.urls import open_store
+from tests.conformance.conftest import drop_schemas, postgres_reachable
+
+pytestmark = pytest.mark.anyio
+
+Connection = psycopg.AsyncConnection[DictRow]
+Description = dict[str, list[tuple[Any, ...]]]
+
+# What describes a schema: its tables' columns, its indexes and its constraints. `{schema}` is
+# the schema described; names and definitions are compared with it replaced.
+DESCRIBE = {
+    "columns": """
+        SELECT table_name, ordinal_position, column_name, data_type, udt_name, is_nullable,
+               column_default, is_identity, identity_generation
+        FROM information_schema.columns WHERE table_schema = %(schema)s
+        ORDER BY table_name, ordinal_position""",
+    "indexes": """
+        SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = %(schema)s
+        ORDER BY tablename, indexname""",
+    "constraints": """
+        SELECT c.relname, k.conname, k.contype, pg_get_constraintdef(k.oid)
+        FROM pg_constraint AS k
+        JOIN pg_class AS c ON c.oid = k.conrelid
+        JOIN pg_namespace AS n ON n.oid = c.relnamespace
+        WHERE n.nspname = %(schema)s
+        ORDER BY c.relname, k.conname""",
+    "relations": """
+        SELECT c.relname, c.relkind FROM pg_class AS c
+        JOIN pg_namespace AS n ON n.oid = c.relnamespace
+        WHERE n.nspname = %(schema)s ORDER BY c.relname""",
+}
+
+_names = iter(range(1, 1_000_000))
+
+
+def placeholders_to_numbers(text: str) -> tuple[str, int]:
+    """psycopg's `%(name)s` placeholders as `$1, $2, …` (a name keeps its number)."""
+    numbers: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        return f"${numbers.setdefault(match[1], len(numbers) + 1)}"
+
+    return re.sub(r"%\((\w+)\)s", number, text), len(numbers)
+
+
+@pytest.fixture
+def anyio_backend() -> tuple[str, dict[str, Any]]:
+    return ("asyncio", {"debug": True})  # real sockets need real time
+
+
+@pytest.fixture
+def schemas() -> Iterator[list[str]]:
+    """Fresh schema names for a test; dropped after it."""
+    dsn = postgres_reachable()
+    made = [f"headrace_schema_t{next(_names)}_{i}" for i in range(3)]
+    drop_schemas(made)
+    yield made
+    assert dsn
+    drop_schemas(made)
+
+
+@pytest.fixture
+async def conn() -> AsyncIterator[Connection]:
+    dsn = postgres_reachable()
+    async with await psycopg.AsyncConnection.connect(
+        dsn, autocommit=True, row_factory=dict_row
+    ) as connection:
+        yield connection
+
+
+@pytest.fixture
+def queries() -> dict[str, sql.Query]:
+    return sql.load_queries(QUERIES)
+
+
+async def describe(conn: Connection, schema: str) -> Description:
+    found: Description = {}
+    async with conn.transaction():
+        # An empty search_path: every definition names its schema, which is then neutralised.
+        await conn.execute("SELECT set_config('search_path', '', true)")
+        for what, query in DESCRIBE.items():
+            rows = await (await conn.execute(query, {"schema": schema})).fetchall()
+            found[what] = [tuple(_neutral(v, schema) for v in row.values()) for row in rows]
+    return found
+
+
+def _neutral(value: object, schema: str) -> object:
+    return value.replace(f"{schema}.", "{schema}.") if isinstance(value, str) else value
+
+
+async def apply_declared(conn: Connection, schema: str) -> None:
+    """`postgres_schema.sql` run as it is, in a fresh schema."""
+    async with conn.transaction():
+        await conn.execute(pgsql.SQL("CREATE SCHEMA {}").format(pgsql.Identifier(schema)))
+        await conn.execute("SELECT set_config('search_path', quote_ident(%s), true)", [schema])
+        for statement in sql.split_statements(sql.read_text("postgres_schema.sql")):
+            await conn.execute(statement)
+
+
+async def test_migrating_from_empty_gives_the_declared_schema(
+    conn: Connection, queries: dict[str, sql.Query], schemas: list[str]
+) -> None:
+    migrated, declared, _ = schemas
+    assert await migrate(conn, queries, migrated) == (
+        0,
+        sql.load_migrations(MIGRATIONS)[-1].version,
+    )
+    await apply_declared(conn, declared)
+    ours, theirs = await describe(conn, migrated), await describe(conn, declared)
+    assert ours == theirs
+    tables = {row[0] for row in ours["relations"] if row[1] == "r"}
+    assert tables == {
+        "schema_migrations",
+        "tasks",
+        "task_deps",
+        "tickets",
+        "gates",
+        "flows",
+        "meta",
+        "attempts",
+        "ledger",
+    }
+    indexes = {row[1] for row in ours["indexes"]}
+    assert {"tasks_claim_order", "tasks_ready_run_at", "tasks_running_lease"} <= indexes
+    assert {"tasks_waiting_polls", "tasks_key"} <= indexes
+
+
+async def test_the_claim_index_is_partial_on_ready_tasks(
+    conn: Connection, queries: dict[str, sql.Query], schemas: list[str]
+) -> None:
+    await migrate(conn, queries, schemas[0])
+    definitions = {row[1]: row[2] for row in (await describe(conn, schemas[0]))["indexes"]}
+    claim_order = definitions["tasks_claim_order"]
+    assert "(tier, tag, id)" in claim_order and "WHERE (state = 'ready'::text)" in claim_order
+    assert "UNIQUE" in definitions["tasks_key"]
+
+
+async def test_migrating_twice_changes_nothing(
+    conn: Connection, queries: dict[str, sql.Query], schemas: list[str]
+) -> None:
+    latest = sql.load_migrations(MIGRATIONS)[-1].version
+    await migrate(conn, queries, schemas[0])
+    before = await describe(conn, schemas[0])
+    assert await migrate(conn, queries, schemas[0]) == (latest, latest)
+    assert await describe(conn, schemas[0]) == before
+    cursor = await conn.execute(
+        pgsql.SQL("SELECT version FROM {}.schema_migrations").format(pgsql.Identifier(schemas[0]))
+    )
+    assert [row["version"] for row in await cursor.fetchall()] == list(range(1, latest + 1))
+
+
+async def test_two_processes_migrating_at_once_do_not_race(
+    queries: dict[str, sql.Query], schemas: list[str]
+) -> None:
+    dsn = postgres_reachable()
+
+    async def migrate_alone() -> tuple[int, int]:
+        async with await psycopg.AsyncConnection.connect(
+            dsn, autocommit=True, row_factory=dict_row
+        ) as own:
+            return await migrate(own, queries, schemas[0])
+
+    results = await asyncio.gather(*(migrate_alone() for _ in range(4)))
+    latest = sql.load_migrations(MIGRATIONS)[-1].version
+    assert sorted(results) == [(0, latest)] + [(latest, latest)] * 3
+
+
+async def test_a_schema_from_a_newer_headrace_is_refused(
+    conn: Connection, queries: dict[str, sql.Query], schemas: list[str]
+) -> None:
+    await migrate(conn, queries, schemas[0])
+    table = pgsql.Identifier(schemas[0], "schema_migrations")
+    await conn.execute(pgsql.SQL("INSERT INTO {} (version) VALUES (999)").format(table))
+    with pytest.raises(StoreError, match="version 999"):
+        await migrate(conn, queries, schemas[0])
+    store = PostgresStore(postgres_reachable(), schema=schemas[0])
+    with pytest.raises(StoreError, match="version 999"):
+        await store.open(Settings())
+    with pytest.raises(StoreError, match="not open"):
+        await store.counts()
+
+
+async def test_every_query_has_a_description_and_prepares(
+    conn: Connection, queries: dict[str, sql.Query], schemas: list[str]
+) -> None:
+    await migrate(conn, queries, schemas[0])
+    composed = {"create_schema", "listen"}  # identifiers composed in: checked by running them
+    assert len(queries) > 50
+    for query in queries.values():
+        assert query.description and "\n" not in query.description, query.name
+        assert "{" not in query.text or query.name in composed, query.name
+    await conn.execute("SELECT set_config('search_path', quote_ident(%s), false)", [schemas[0]])
+    for number, query in enumerate(queries.values()):
+        async with conn.transaction(force_rollback=True):
+            await check_prepares(conn, query, number, schemas[0])
+
+
+async def check_prepares(conn: Connection, query: sql.Query, number: int, schema: str) -> None:
+    """A statement with placeholders is prepared (parsed and analysed, not run); the others
+    (SET TRANSACTION, LISTEN, DDL) run in the caller's rolled-back transaction."""
+    text, _ = placeholders_to_numbers(query.text)
+    if re.match(r"(SELECT|INSERT|UPDATE|DELETE|WITH)\b", text):
+        await conn.execute(f"PREPARE check_{number} AS {text}")
+        await conn.execute(f"DEALLOCATE check_{number}")
+        return
+    statement = pgsql.SQL(text).format(
+        schema=pgsql.Identifier(schema), channel=pgsql.Identifier(schema)
+    )
+    await conn.execute(statement)
+
+
+def test_urls_carry_headrace_options_apart_from_libpq_ones() -> None:
+    dsn, options = split_url(
+        "postgresql://u:secret@db:5433/app?sslmode=require&schema=hr&pool_max=3"
+    )
+    assert dsn == "postgresql://u:secret@db:5433/app?sslmode=require"
+    assert options == {"schema": "hr", "pool_max": "3"}
+    store = PostgresStore.from_url("postgres://u:secret@db/app?schema=hr&pool_min=2&pool_max=3")
+    assert (store.schema, store.pool_min, store.pool_max) == ("hr", 2, 3)
+    assert "secret" not in repr(store)
+    assert isinstance(open_store("postgresql://db/app"), PostgresStore)
+    with pytest.raises(ConfigError, match="pool_max"):
+        PostgresStore.from_url("postgresql://db/app?pool_max=x")
+    with pytest.raises(ConfigError, match="pool_max"):
+        PostgresStore("postgresql://db/app", pool_min=4, pool_max=2)
+    with pytest.raises(ConfigError, match="store url"):
+        split_url("sqlite:///x.db")
+
+
+async def test_an_unreachable_server_is_unavailable_at_once() -> None:
+    store = PostgresStore("postgresql://postgres@127.0.0.1:1/none?connect_timeout=2")
+    with pytest.raises(StoreUnavailable, match="unavailable"):
+        await store.open(Settings())
+    with pytest.raises(StoreError, match="not open"):
+        await store.counts()
+    await store.close()
