@@ -151,7 +151,9 @@ class PostgresStore:
         self._configs: dict[str, GateConfig] = {}
         self._queries: Queries = sql.load_queries(QUERIES)
         self._pool: AsyncConnectionPool[Connection] | None = None
-        self._listener = _Listener(dsn, self._compose("listen"))
+        self._listener = _Listener(
+            _named(dsn, f"headrace-listen/{schema}"), self._compose("listen")
+        )
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock | None = None) -> PostgresStore:
@@ -195,7 +197,7 @@ class PostgresStore:
         """Apply the migrations the schema lacks, on a connection of its own; return the schema
         version before and after."""
         connect = psycopg.AsyncConnection.connect(
-            _named(self.dsn, "headrace"), autocommit=True, row_factory=dict_row
+            _named(self.dsn, f"headrace/{self.schema}"), autocommit=True, row_factory=dict_row
         )
         conn = await _translated(connect)
         async with conn:
@@ -337,7 +339,7 @@ class PostgresStore:
 
     def _new_pool(self) -> AsyncConnectionPool[Connection]:
         return AsyncConnectionPool(
-            _named(self.dsn, "headrace"),
+            _named(self.dsn, f"headrace/{self.schema}"),
             connection_class=Connection,
             kwargs={"autocommit": True, "row_factory": dict_row},
             min_size=self.pool_min,
@@ -442,10 +444,11 @@ def _without_password(dsn: str) -> str:
 
 
 def _named(dsn: str, application_name: str) -> str:
-    """`dsn` naming its connections in pg_stat_activity, unless it names them already."""
+    """`dsn` naming its connections in pg_stat_activity (`headrace/<schema>`), unless it names
+    them already."""
     if "application_name" in conninfo_to_dict(dsn):
         return dsn
-    return make_conninfo(dsn, application_name=application_name)
+    return make_conninfo(dsn, application_name=application_name[:63])
 
 
 def _first_line(exc: BaseException) -> str:
@@ -497,8 +500,7 @@ class _Listener:
             await asyncio.sleep(min(first * 2 ** min(failures - 1, 10), most))
 
     async def _listen_once(self, woken: asyncio.Event, *, missed: bool) -> None:
-        conninfo = _named(self._dsn, "headrace-listen")
-        conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+        conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
         async with conn:
             await conn.execute(self._listen)
             if missed:
