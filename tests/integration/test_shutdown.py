@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,22 @@ def test_past_the_grace_period_running_tasks_are_handed_back(
     tasks = read(db, lambda store: store.tasks())
     assert {t.state for t in tasks} == {TaskState.READY}
     assert {t.error_code for t in tasks} == {"interrupted"}
+
+
+def test_a_second_signal_does_not_wait_for_the_grace_period(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    db = tmp_path / "slow.db"
+    env["SLOW_SECONDS"] = "600"
+    submit(2)
+    worker = start(env, "--slots", "2", "--grace", "120s")
+    try:
+        wait_until(lambda: running(db, 2), 20, "two running tasks")
+        worker.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=20) == 0
+    finally:
+        stop(worker, signal.SIGKILL)
+    tasks = read(db, lambda store: store.tasks())
+    assert {t.state for t in tasks} == {TaskState.READY}

@@ -438,3 +438,52 @@ async def test_a_store_outage_delays_work_and_loses_nothing(
     assert done == ["a"]
     assert record.state is TaskState.SUCCEEDED
     assert record.attempt == 1
+
+
+async def test_a_bare_decorator_and_retry_options_keep_what_was_given() -> None:
+    app = hr.App("memory://")
+
+    @app.task
+    async def plain(ctx: hr.Context, ref: str) -> None:
+        return None
+
+    @app.task(max_attempts=2, retry=hr.RetryPolicy(max_delay=5.0))
+    async def capped(ctx: hr.Context, ref: str) -> None:
+        return None
+
+    assert app.definition("plain") is plain
+    assert capped.options.retry.max_attempts == 2
+    assert capped.options.retry.max_delay == 5.0
+
+
+async def test_a_poller_may_say_when_to_look_again_in_words() -> None:
+    app = hr.App("memory://")
+    seen: list[float] = []
+
+    async def check(ctx: hr.Context, remote_id: str) -> hr.Result | hr.Pending:
+        seen.append(now())
+        return hr.Result() if len(seen) == 2 else hr.Pending(after="30s")
+
+    @app.task(poll=check)
+    async def job(ctx: hr.Context, ref: str) -> hr.RemoteWait:
+        return ctx.await_remote("r1", every="1s")
+
+    async with app:
+        await job.submit("x")
+        await hr.Worker(app).drain()
+    assert seen[1] - seen[0] == pytest.approx(30.0, abs=0.01)
+
+
+def test_a_gate_template_needs_its_field() -> None:
+    app = hr.App("memory://")
+    app.gate("event:*", concurrency=2)
+
+    @app.task(gates=["event:{group}"])
+    async def upload(ctx: hr.Context, ref: str) -> None:
+        return None
+
+    assert upload.spec("u1", group="wedding").gates == ("event:wedding",)
+    with pytest.raises(hr.ConfigError, match=r"event:\{group\}"):
+        upload.spec("u1")
+    with pytest.raises(hr.ConfigError, match="unknown field"):
+        upload.spec("u1", group="wedding", gates=["event:{contributor}"])

@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, replace
+from typing import Literal, overload
 
 from headrace.policy import gate as gating
 from headrace.policy.clock import Clock
@@ -79,7 +79,7 @@ class TaskDefinition:
         """The task this stage would create; `{flow}` and `{group}` in gate names are filled in."""
         flow = flow or group or self.name
         fields = {"flow": flow, "group": group or "", "ref": ref}
-        names = [name.format(**fields) for name in (*self.options.gates, *gates)]
+        names = [self._gate_name(name, fields) for name in (*self.options.gates, *gates)]
         return NewTask(
             kind=self.name,
             ref=ref,
@@ -94,6 +94,19 @@ class TaskDefinition:
             delay=seconds(delay, field="delay"),
             weight=weight,
         )
+
+    def _gate_name(self, template: str, fields: dict[str, str]) -> str:
+        """`session:{flow}` filled in from the task; every field it names must have a value."""
+        try:
+            name = template.format(**fields)
+        except (KeyError, IndexError, ValueError) as error:
+            raise ConfigError(
+                f"task {self.name}: gate {template!r} names an unknown field ({error});"
+                " use {flow}, {group} or {ref}"
+            ) from None
+        if "{" in template and (name.endswith(":") or "::" in name):
+            raise ConfigError(f"task {self.name}: gate {template!r} needs a value it was not given")
+        return name
 
     async def submit(self, ref: str, **fields: object) -> int:
         """Enqueue one task and return its id. With a waiting bound, wait for room (or raise
@@ -144,9 +157,14 @@ class App:
         self.gates[name] = config
         return config
 
+    @overload
+    def task(self, handler: Handler, /) -> TaskDefinition: ...
+
+    @overload
     def task(
         self,
-        handler: Handler | None = None,
+        handler: None = None,
+        /,
         *,
         name: str | None = None,
         gates: Sequence[str] = (),
@@ -157,12 +175,29 @@ class App:
         on_full: OnFull = "wait",
         cost: float = 1.0,
         poll: Poller | None = None,
-    ) -> Callable[[Handler], TaskDefinition]:
-        """Decorator declaring a stage. `bound` caps its pending+ready tasks for producers."""
+    ) -> Callable[[Handler], TaskDefinition]: ...
+
+    def task(
+        self,
+        handler: Handler | None = None,
+        /,
+        *,
+        name: str | None = None,
+        gates: Sequence[str] = (),
+        max_attempts: int | None = None,
+        retry: RetryPolicy | None = None,
+        tier: Tier | str = Tier.NORMAL,
+        bound: int | None = None,
+        on_full: OnFull = "wait",
+        cost: float = 1.0,
+        poll: Poller | None = None,
+    ) -> TaskDefinition | Callable[[Handler], TaskDefinition]:
+        """Declare a stage: `@app.task` or `@app.task(gates=[...], ...)`. `bound` caps its
+        pending+ready tasks for producers; `poll` checks its remote jobs."""
         policy = retry or RetryPolicy()
         if max_attempts is not None:
-            policy = RetryPolicy(max_attempts, policy.base, policy.factor, policy.jitter)
-        if bound is not None and bound < 1:
+            policy = replace(policy, max_attempts=max_attempts)
+        if bound is not None and (isinstance(bound, bool) or bound < 1):
             raise ConfigError(f"task.bound: expected a positive integer, got {bound!r}")
         if on_full not in ("wait", "refuse"):
             raise ConfigError(f"task.on_full: expected 'wait' or 'refuse', got {on_full!r}")
@@ -178,7 +213,7 @@ class App:
             self.definitions[kind] = definition
             return definition
 
-        return register
+        return register(handler) if handler is not None else register
 
     def definition(self, kind: str) -> TaskDefinition:
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from headrace.policy.durations import Duration, seconds
 from headrace.policy.errors import ConfigError
 
 
@@ -29,6 +30,15 @@ class RemoteWait:
 
 @dataclass(frozen=True)
 class Pending:
-    """A poller's answer while the remote job still runs; `after` overrides the poll interval."""
+    """A poller's answer while the remote job still runs; `after` (seconds or "30s")
+    overrides the poll interval."""
 
-    after: float | None = None
+    after: Duration | None = None
+
+    def __post_init__(self) -> None:
+        if self.after is not None:
+            object.__setattr__(self, "after", seconds(self.after, field="Pending.after"))
+
+    @property
+    def delay(self) -> float | None:
+        return None if self.after is None else float(self.after)

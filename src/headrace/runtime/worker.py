@@ -110,6 +110,7 @@ class Worker:
         self._leases: dict[int, Lease] = {}
         self._wake = asyncio.Event()
         self._stopping = False
+        self._hurry = asyncio.Event()
         self._crash: BaseException | None = None
         self._outcomes: Completions | None = None
         self._outage = 0
@@ -413,7 +414,7 @@ class Worker:
             raise ConfigError(f"task {task.kind}: awaits a remote job but has no poller")
         answer = await definition.poller(ctx, task.remote_id)
         if isinstance(answer, Pending):
-            return PollAgain(answer.after if answer.after is not None else task.poll_every or 1.0)
+            return PollAgain(answer.delay if answer.delay is not None else task.poll_every or 1.0)
         self.stats.succeeded += 1
         return Succeeded(cost=answer.cost, successors=tuple(ctx.successors))
 
@@ -450,10 +451,20 @@ class Worker:
     # -- shutdown
 
     async def _shutdown(self) -> None:
-        pending = [*self._running.values(), *self._polling.values()]
+        pending = {*self._running.values(), *self._polling.values()}
         if not pending:
             return
-        _, late = await asyncio.wait(pending, timeout=self.grace)
+        # Until every handler is done, the grace period is over, or a second signal says hurry.
+        everything = asyncio.ensure_future(asyncio.wait(pending))
+        hurry = asyncio.ensure_future(self._hurry.wait())
+        try:
+            await asyncio.wait(
+                {everything, hurry}, timeout=self.grace, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            everything.cancel()  # stops waiting; the handlers themselves are not cancelled
+            hurry.cancel()
+        late = [task for task in pending if not task.done()]
         for task in late:
             task.cancel()
         await asyncio.gather(*late, return_exceptions=True)
@@ -463,8 +474,8 @@ class Worker:
         signals = (signal.SIGINT, signal.SIGTERM)
 
         def on_signal() -> None:
-            if self._stopping:  # a second signal: do not wait for the grace period
-                self.grace = 0.0
+            if self._stopping:  # a second signal: hand running tasks back now
+                self._hurry.set()
             self.stop()
 
         for sig in signals:

@@ -7,6 +7,7 @@ import importlib
 import inspect
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -51,7 +52,7 @@ def main(verbose: int) -> None:
 @main.command()
 @click.option("--db", help="Store URL or SQLite file (default: a new file in a temp dir).")
 @click.option("--window", default="6s", show_default=True, help="Quota window ('60s' is real).")
-@click.option("--inject", default="", help="Provider faults: ratelimit, auth, flaky.")
+@click.option("--inject", default="", help="Provider faults: ratelimit, auth, flaky, videofail.")
 @click.option("--episodes", default=5, show_default=True, type=click.IntRange(1, 50))
 @click.option("--shots", default=6, show_default=True, type=click.IntRange(1, 40))
 @click.option("--slots", default=4, show_default=True, type=click.IntRange(1, 256))
@@ -154,6 +155,11 @@ def worker(
         try:
             await runner.run(handle_signals=True)
         finally:
+            # A signal while closing (a second Ctrl-C, a process-group signal) must not
+            # interrupt the close: the outcome writes are done, nothing is left to hurry.
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, lambda: None)
             await app.close()
 
     asyncio.run(serve())
@@ -163,7 +169,9 @@ def worker(
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8090, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--window", default="6s", show_default=True, help="Quota window ('60s' is real).")
-@click.option("--inject", default="", help="Faults: ratelimit, auth, flaky (comma-separated).")
+@click.option(
+    "--inject", default="", help="Faults: ratelimit, auth, flaky, videofail (comma-separated)."
+)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option(
     "--quota",

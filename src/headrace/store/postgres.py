@@ -108,8 +108,9 @@ CLAIM_BATCH = 256
 AGING_SLACK = 1e-3
 # Seconds a verb waits for a pooled connection before the store counts as unavailable.
 POOL_TIMEOUT = 10.0
-# Seconds the pool keeps trying to reconnect before it reports a failure (and then goes on).
-RECONNECT_TIMEOUT = 60.0
+# Seconds the pool retries a failed connection (backing off) before it gives up on it; the next
+# verb then starts afresh, so a server back after a long outage is used within a second or two.
+RECONNECT_TIMEOUT = 5.0
 # Seconds between attempts to reopen a dropped LISTEN connection: the first, and the most.
 LISTEN_RETRY = (0.1, 5.0)
 # Tries of one verb that met a deadlock, a serialization failure or a racing idempotency key.
