@@ -40,8 +40,9 @@ class Simulator:
 
 
 @contextmanager
-def provider_sim(window: str) -> Iterator[Simulator]:
+def provider_sim(window: str, *options: str) -> Iterator[Simulator]:
     command = [sys.executable, "-m", "headrace", "provider-sim", "--port", "0", "--window", window]
+    command += options
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None

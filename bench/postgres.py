@@ -1,0 +1,230 @@
+"""headrace on PostgreSQL against its peers on this machine, in one run:
+
+- no-op tasks/s: headrace-postgres, headrace-sqlite, and Procrastinate on the same server;
+- enqueue -> start latency p50/p99 on an idle system (the producer is another App, so the
+  worker learns of work from the store: LISTEN/NOTIFY on PostgreSQL, polling on SQLite);
+- claim latency with 10^3 and with 10^6 ready tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import psycopg
+from psycopg import sql
+
+import headrace as hr
+from headrace.store.postgres import PostgresStore
+from headrace.store.types import NewTask, Settings
+
+T = TypeVar("T")
+
+SERVER = "postgresql://postgres@127.0.0.1:5432"
+SLOTS = 16
+SUBMIT_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class Rate:
+    case: str
+    tasks: int
+    seconds: float
+    tasks_per_s: float
+
+
+@dataclass(frozen=True)
+class Latency:
+    case: str
+    samples: int
+    p50_ms: float
+    p99_ms: float
+
+
+@dataclass(frozen=True)
+class ClaimCost:
+    ready: int
+    claims: int
+    p50_ms: float
+    p99_ms: float
+
+
+@dataclass(frozen=True)
+class PostgresFigures:
+    throughput: list[Rate]
+    latency: list[Latency]
+    claims: list[ClaimCost]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def _admin(statement: sql.Composed) -> None:
+    async with await psycopg.AsyncConnection.connect(f"{SERVER}/postgres", autocommit=True) as c:
+        await c.execute(statement)
+
+
+class FreshDatabase:
+    """A database of its own for one peer, dropped afterwards."""
+
+    def __init__(self, prefix: str) -> None:
+        self.name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+        self.url = f"{SERVER}/{self.name}"
+
+    async def __aenter__(self) -> str:
+        await _admin(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.name)))
+        return self.url
+
+    async def __aexit__(self, *exc: object) -> None:
+        await _admin(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(self.name)))
+
+
+# -- throughput
+
+
+def noop_app(url: str) -> tuple[hr.App, hr.TaskDefinition]:
+    app = hr.App(url)
+
+    @app.task(name="noop")
+    async def noop(ctx: hr.Context, ref: str) -> None:
+        return None
+
+    return app, noop
+
+
+async def headrace_rate(case: str, url: str, tasks: int) -> Rate:
+    app, noop = noop_app(url)
+    async with app:
+        for start in range(0, tasks, SUBMIT_BATCH):
+            end = min(tasks, start + SUBMIT_BATCH)
+            await app.submit([noop.spec(f"n{i}") for i in range(start, end)])
+        began = time.perf_counter()
+        await hr.Worker(app, slots=SLOTS, idle="50ms").drain()
+        seconds = time.perf_counter() - began
+    return Rate(case, tasks, round(seconds, 3), round(tasks / seconds, 1))
+
+
+async def procrastinate_rate(url: str, tasks: int) -> Rate:
+    import procrastinate  # a peer for the benchmark only
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+
+    @app.task(name="noop")
+    async def noop() -> None:
+        return None
+
+    async with app.open_async():
+        await app.schema_manager.apply_schema_async()
+        for start in range(0, tasks, SUBMIT_BATCH):
+            await noop.batch_defer_async(
+                *[{} for _ in range(start, min(tasks, start + SUBMIT_BATCH))]
+            )
+        began = time.perf_counter()
+        await app.run_worker_async(
+            wait=False, concurrency=SLOTS, install_signal_handlers=False, listen_notify=False
+        )
+        seconds = time.perf_counter() - began
+    return Rate("procrastinate (postgres)", tasks, round(seconds, 3), round(tasks / seconds, 1))
+
+
+# -- latency
+
+
+def timing_app(url: str, started: dict[str, float], seen: asyncio.Event) -> hr.App:
+    app = hr.App(url)
+
+    @app.task(name="timed")
+    async def timed(ctx: hr.Context, ref: str) -> None:
+        started[ref] = time.time()
+        seen.set()
+
+    return app
+
+
+async def enqueue_to_start(case: str, url: str, samples: int) -> Latency:
+    """Submit one task at a time from a second App (no in-process wake-up) to an idle worker."""
+    started: dict[str, float] = {}
+    seen = asyncio.Event()
+    worker_app = timing_app(url, started, seen)
+    producer = timing_app(url, {}, asyncio.Event())
+    waits: list[float] = []
+    async with worker_app, producer:
+        worker = hr.Worker(worker_app, slots=SLOTS, idle="1s")
+        running = asyncio.create_task(worker.run())
+        await asyncio.sleep(0.5)
+        for n in range(samples):
+            seen.clear()
+            sent = time.time()
+            await producer.definition("timed").submit(f"t{n}")
+            await seen.wait()
+            waits.append((started[f"t{n}"] - sent) * 1000)
+            await asyncio.sleep(0.01)
+        worker.stop()
+        await running
+    return Latency(case, samples, _ms(waits, 0.5), _ms(waits, 0.99))
+
+
+def _ms(values: list[float], q: float) -> float:
+    return round(percentile(values, q), 2)
+
+
+# -- claim cost against the size of the queue
+
+
+async def claim_cost(url: str, ready: int, claims: int) -> ClaimCost:
+    store = PostgresStore.from_url(url)
+    await store.open(Settings())
+    try:
+        for start in range(0, ready, 5000):
+            batch = [NewTask("noop", f"r{i}") for i in range(start, min(ready, start + 5000))]
+            await store.submit(batch)
+        costs = []
+        for _ in range(claims):
+            began = time.perf_counter()
+            result = await store.claim("bench", SLOTS, lease_for=300.0)
+            costs.append((time.perf_counter() - began) * 1000)
+            assert len(result.leases) == SLOTS
+        return ClaimCost(
+            ready, claims, round(percentile(costs, 0.5), 2), round(percentile(costs, 0.99), 2)
+        )
+    finally:
+        await store.close()
+
+
+async def _in_database(prefix: str, body: Callable[[str], Awaitable[T]]) -> T:
+    async with FreshDatabase(prefix) as url:
+        return await body(url)
+
+
+async def measure(quick: bool) -> PostgresFigures:
+    tasks = 2000 if quick else 10_000
+    big = 10_000 if quick else 1_000_000
+    with tempfile.TemporaryDirectory(prefix="headrace-bench-") as scratch:
+        sqlite_url = f"sqlite:///{Path(scratch) / 'bench.db'}"
+        sqlite_latency_url = f"sqlite:///{Path(scratch) / 'latency.db'}"
+        throughput = [
+            await _in_database("hr_pg", lambda u: headrace_rate("headrace postgres", u, tasks)),
+            await headrace_rate("headrace sqlite", sqlite_url, tasks),
+            await _in_database("procrastinate", lambda u: procrastinate_rate(u, tasks)),
+        ]
+        latency = [
+            await _in_database("hr_lat", lambda u: enqueue_to_start("headrace postgres", u, 200)),
+            await enqueue_to_start("headrace sqlite", sqlite_latency_url, 200),
+        ]
+    claims = [
+        await _in_database("hr_small", lambda u: claim_cost(u, 1000, 50)),
+        await _in_database("hr_big", lambda u: claim_cost(u, big, 50)),
+    ]
+    return PostgresFigures(throughput, latency, claims)
+
+
+def postgres_figures(quick: bool) -> PostgresFigures:
+    return asyncio.run(measure(quick))
