@@ -74,6 +74,7 @@ QUERIES = "sqlite_queries.sql"
 MIN_SQLITE_VERSION = (3, 35, 0)
 # Candidates read per statement while a claim walks the ready queue in (tier, tag, id) order.
 CLAIM_BATCH = 256
+DATA_VERSION_POLL = 0.02  # seconds between looks for other processes' commits
 # Widens the aging index range past any float rounding of `now - step`; aged_tier decides.
 AGING_SLACK = 1e-3
 
@@ -97,6 +98,7 @@ class SQLiteStore:
         self._queries: Queries = sql.load_queries(QUERIES)
         self._executor: ThreadPoolExecutor | None = None
         self._connection: sqlite3.Connection | None = None
+        self._data_version = 0
 
     @classmethod
     def from_url(
@@ -134,7 +136,14 @@ class SQLiteStore:
         return self.clock.now()
 
     async def wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
-        await asyncio.sleep(timeout)  # nothing to listen to: a plain poll
+        """SQLite has no notices, but another connection's commit changes the file's data
+        version: look at it every few milliseconds until `timeout`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while (left := deadline - loop.time()) > 0:
+            if await self._in_thread(self._changed_elsewhere):
+                return
+            await asyncio.sleep(min(DATA_VERSION_POLL, left))
 
     # -- submission
 
@@ -231,6 +240,18 @@ class SQLiteStore:
     async def _read(self, verb: Callable[[_Transaction], T]) -> T:
         return await self._in_thread(lambda: self._transact("begin_read", verb))
 
+    def _read_data_version(self, conn: sqlite3.Connection) -> int:
+        return int(conn.execute(self._queries["data_version"].text).fetchone()[0])
+
+    def _changed_elsewhere(self) -> bool:
+        """Whether another connection committed since this one last looked (store thread)."""
+        if self._connection is None:
+            return False
+        version = self._read_data_version(self._connection)
+        changed = version != self._data_version
+        self._data_version = version
+        return changed
+
     async def _in_thread(self, work: Callable[[], T]) -> T:
         if self._executor is None:
             raise StoreError(f"{self!r} is not open: await store.open(settings) first")
@@ -244,7 +265,9 @@ class SQLiteStore:
         def work(conn: sqlite3.Connection) -> T:
             # The clock is read once the lock is held, so times follow the commit order.
             now = self.clock.now()
-            return verb(_Transaction(conn, self._queries, self._configs, self.settings, now))
+            result = verb(_Transaction(conn, self._queries, self._configs, self.settings, now))
+            self._data_version = self._read_data_version(conn)
+            return result
 
         return in_transaction(connection, self._queries, begin, work)
 

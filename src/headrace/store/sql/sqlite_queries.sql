@@ -17,6 +17,10 @@ COMMIT;
 -- Undo the verb's transaction after an error.
 ROLLBACK;
 
+-- name: data_version
+-- Changes whenever another connection commits to the file.
+PRAGMA data_version;
+
 -- name: journal_wal
 -- Readers never block the writer and the writer never blocks readers.
 PRAGMA journal_mode = WAL;
