@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from bench.postgres import PostgresFigures, postgres_figures
 from bench.studio import StudioFigure, studio_figures
 from bench.throughput import Throughput, throughput_figures
 
@@ -52,12 +53,36 @@ def throughput_table(figures: list[Throughput]) -> Table:
     return table
 
 
+def postgres_tables(figures: PostgresFigures) -> list[Table]:
+    rates = Table(title="No-op tasks per second, one worker of 16 slots (real time, PostgreSQL)")
+    for column in ("case", "tasks", "seconds", "tasks/s", "vs procrastinate"):
+        rates.add_column(column, justify="left" if column == "case" else "right")
+    peer = next(f for f in figures.throughput if f.case.startswith("procrastinate"))
+    for f in figures.throughput:
+        ratio = f"{f.tasks_per_s / peer.tasks_per_s:.1f}x"
+        rates.add_row(f.case, str(f.tasks), f"{f.seconds:.2f}", f"{f.tasks_per_s:,.0f}", ratio)
+    latency = Table(title="Enqueue -> start on an idle worker (producer is another App)")
+    for column in ("case", "samples", "p50 ms", "p99 ms"):
+        latency.add_column(column, justify="left" if column == "case" else "right")
+    for f in figures.latency:
+        latency.add_row(f.case, str(f.samples), f"{f.p50_ms:.2f}", f"{f.p99_ms:.2f}")
+    claims = Table(title="Claim of 16 tasks against the size of the ready queue (PostgreSQL)")
+    for column in ("ready tasks", "claims", "p50 ms", "p99 ms", "vs smallest"):
+        claims.add_column(column, justify="right")
+    smallest = figures.claims[0]
+    for f in figures.claims:
+        ratio = f"{f.p50_ms / smallest.p50_ms:.2f}"
+        claims.add_row(f"{f.ready:,}", str(f.claims), f"{f.p50_ms:.2f}", f"{f.p99_ms:.2f}", ratio)
+    return [rates, latency, claims]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to save the JSON")
+    parser.add_argument("--no-postgres", action="store_true", help="skip the PostgreSQL benchmarks")
     args = parser.parse_args()
-    console = Console()
+    console = Console(width=110)
     studio = studio_figures(args.quick)
     console.print(studio_table(studio))
     held = next(f for f in studio if f.case.endswith("held"))
@@ -67,6 +92,10 @@ def main() -> None:
     )
     throughput = throughput_figures(args.quick)
     console.print(throughput_table(throughput))
+    postgres = None if args.no_postgres else postgres_figures(args.quick)
+    if postgres is not None:
+        for table in postgres_tables(postgres):
+            console.print(table)
     results = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
@@ -74,6 +103,7 @@ def main() -> None:
         "studio": [asdict(f) for f in studio],
         "held_over_returned": round(held.makespan_s / returned.makespan_s, 3),
         "throughput": [asdict(f) for f in throughput],
+        "postgres": asdict(postgres) if postgres is not None else None,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
