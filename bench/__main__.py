@@ -64,15 +64,15 @@ def postgres_tables(figures: PostgresFigures) -> list[Table]:
     latency = Table(title="Enqueue -> start on an idle worker (producer is another App)")
     for column in ("case", "samples", "p50 ms", "p99 ms"):
         latency.add_column(column, justify="left" if column == "case" else "right")
-    for f in figures.latency:
-        latency.add_row(f.case, str(f.samples), f"{f.p50_ms:.2f}", f"{f.p99_ms:.2f}")
+    for lat in figures.latency:
+        latency.add_row(lat.case, str(lat.samples), f"{lat.p50_ms:.2f}", f"{lat.p99_ms:.2f}")
     claims = Table(title="Claim of 16 tasks against the size of the ready queue (PostgreSQL)")
     for column in ("ready tasks", "claims", "p50 ms", "p99 ms", "vs smallest"):
         claims.add_column(column, justify="right")
     smallest = figures.claims[0]
-    for f in figures.claims:
-        ratio = f"{f.p50_ms / smallest.p50_ms:.2f}"
-        claims.add_row(f"{f.ready:,}", str(f.claims), f"{f.p50_ms:.2f}", f"{f.p99_ms:.2f}", ratio)
+    for c in figures.claims:
+        ratio = f"{c.p50_ms / smallest.p50_ms:.2f}"
+        claims.add_row(f"{c.ready:,}", str(c.claims), f"{c.p50_ms:.2f}", f"{c.p99_ms:.2f}", ratio)
     return [rates, latency, claims]
 
 
