@@ -239,11 +239,12 @@ async def test_a_waiting_task_is_reconciled_after_its_process_is_gone(url: str) 
     try:
         task = await restarted.find("clip")
         assert task is not None and task.state is TaskState.WAITING
-        early = await restarted.claim_polls("w2", 5, lease_for=5.0)
-        if not early.leases:  # the poll is not due yet: wait for it on the server's clock
-            assert early.wake_at is not None
-            await asyncio.sleep(max(0.0, early.wake_at - early.now) + 0.05)
-        [poll] = (await restarted.claim_polls("w2", 5, lease_for=5.0)).leases
+        polls = await restarted.claim_polls("w2", 5, lease_for=5.0)
+        if not polls.leases:  # the poll is not due yet: wait for it on the server's clock
+            assert polls.wake_at is not None
+            await asyncio.sleep(max(0.0, polls.wake_at - polls.now) + 0.05)
+            polls = await restarted.claim_polls("w2", 5, lease_for=5.0)
+        [poll] = polls.leases
         assert (poll.task.id, poll.task.remote_id) == (task.id, "job-7")  # not resubmitted
         assert (await restarted.claim("w2", 5, lease_for=5.0)).leases == ()
         [stats] = await restarted.gate_statistics()

@@ -209,6 +209,7 @@ async def test_every_query_has_a_description_and_prepares(
     assert len(queries) > 50
     for query in queries.values():
         assert query.description and "\n" not in query.description, query.name
+        assert not query.text.startswith("--"), f"{query.name}: a one-line description only"
         assert "{" not in query.text or query.name in composed, query.name
     await conn.execute("SELECT set_config('search_path', quote_ident(%s), false)", [schemas[0]])
     for number, query in enumerate(queries.values()):

@@ -48,6 +48,7 @@ import psycopg
 from psycopg import errors as pgerrors
 from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.pq import ConnStatus
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -106,11 +107,12 @@ DEFAULT_SCHEMA = "headrace"
 CLAIM_BATCH = 256
 # Widens the aging range past any float rounding of `now - step`; aged_tier decides.
 AGING_SLACK = 1e-3
-# Seconds a verb waits for a pooled connection before the store counts as unavailable.
-POOL_TIMEOUT = 10.0
-# Seconds the pool retries a failed connection (backing off) before it gives up on it; the next
-# verb then starts afresh, so a server back after a long outage is used within a second or two.
-RECONNECT_TIMEOUT = 5.0
+# Seconds a verb waits for a pooled connection before the store counts as unavailable, and
+# seconds the pool retries a failed connection (backing off) before it gives up on it. Equal, so
+# a verb retried after an outage starts a fresh connection at once rather than waiting behind
+# a long back-off: the server is used again within about a second of coming back.
+POOL_TIMEOUT = 5.0
+RECONNECT_TIMEOUT = POOL_TIMEOUT
 # Seconds between attempts to reopen a dropped LISTEN connection: the first, and the most.
 LISTEN_RETRY = (0.1, 5.0)
 # Tries of one verb that met a deadlock, a serialization failure or a racing idempotency key.
@@ -240,13 +242,13 @@ class PostgresStore:
         return await self._write(lambda tx: tx.renew(held, lease_for))
 
     async def finish(self, lease: Lease, outcome: Outcome) -> None:
-        await self._write(lambda tx: tx.finish(lease, outcome))
+        await self._write(lambda tx: tx.finish(lease, outcome), clock_first=False)
 
     async def finish_many(
         self, outcomes: Sequence[tuple[Lease, Outcome]]
     ) -> list[HeadraceError | None]:
         batch = tuple(outcomes)
-        return await self._write(lambda tx: tx.finish_many(batch))
+        return await self._write(lambda tx: tx.finish_many(batch), clock_first=False)
 
     # -- cancellation and reaping
 
@@ -301,36 +303,59 @@ class PostgresStore:
 
     # -- transactions
 
-    async def _write(self, verb: Callable[[_Transaction], Awaitable[T]]) -> T:
-        return await self._transact(verb, read=False)
+    async def _write(
+        self, verb: Callable[[_Transaction], Awaitable[T]], *, clock_first: bool = True
+    ) -> T:
+        """`clock_first=False`: the verb reads the clock itself, once it holds its rows."""
+        return await self._transact(verb, read=False, clock_first=clock_first)
 
     async def _read(self, verb: Callable[[_Transaction], Awaitable[T]]) -> T:
-        return await self._transact(verb, read=True)
+        return await self._transact(verb, read=True, clock_first=True)
 
-    async def _transact(self, verb: Callable[[_Transaction], Awaitable[T]], *, read: bool) -> T:
+    async def _transact(
+        self, verb: Callable[[_Transaction], Awaitable[T]], *, read: bool, clock_first: bool
+    ) -> T:
         """Run `verb` in one transaction, again when it met a conflict; driver errors come out
         as StoreError (StoreUnavailable for a lost or unreachable server)."""
         tries = 0
         while True:
             tries += 1
             try:
-                return await _translated(self._once(verb, read))
-            except _Conflict as conflict:
+                return await _translated(self._once(verb, read, clock_first))
+            except _Again as again:
                 if tries >= CONFLICT_TRIES:
-                    raise StoreError(
-                        f"postgres store: gave up after {tries} tries that conflicted with other "
-                        f"writers ({conflict.__cause__})"
-                    ) from conflict.__cause__
+                    raise again.give_up(tries) from again.__cause__
 
-    async def _once(self, verb: Callable[[_Transaction], Awaitable[T]], read: bool) -> T:
-        pool = self._require_pool()
-        async with pool.connection() as conn, conn.transaction():
-            tx = _Transaction(conn, self._queries, self._configs, self.settings, self.clock)
-            if read:
-                await tx.run("read_snapshot")
+    async def _once(
+        self, verb: Callable[[_Transaction], Awaitable[T]], read: bool, clock_first: bool
+    ) -> T:
+        async with self._require_pool().connection() as conn:
+            committing = False
+            try:
+                # Pipeline mode: statements whose results are not read go with the next read.
+                async with conn.pipeline(), conn.transaction():
+                    tx = _Transaction(conn, self._queries, self._configs, self.settings, self.clock)
+                    result = await self._run_verb(tx, verb, read, clock_first)
+                    committing = True
+            except psycopg.OperationalError as exc:
+                if conn.broken and not committing:  # lost before the commit: nothing written
+                    raise _Dropped from exc
+                raise
+        return result
+
+    async def _run_verb(
+        self,
+        tx: _Transaction,
+        verb: Callable[[_Transaction], Awaitable[T]],
+        read: bool,
+        clock_first: bool,
+    ) -> T:
+        if read:
+            await tx.run("read_snapshot")
+        if clock_first:
             await tx.read_clock()
-            result = await verb(tx)
-            await tx.conclude(self.channel)
+        result = await verb(tx)
+        await tx.conclude(self.channel)
         return result
 
     def _require_pool(self) -> AsyncConnectionPool[Connection]:
@@ -347,8 +372,7 @@ class PostgresStore:
             max_size=self.pool_max,
             open=False,
             configure=self._configure,
-            # A connection the server dropped (a restart) is found and replaced before use.
-            check=AsyncConnectionPool.check_connection,
+            check=_check_connection,
             timeout=POOL_TIMEOUT,
             reconnect_timeout=RECONNECT_TIMEOUT,
             name=f"headrace-{self.schema}",
@@ -365,13 +389,38 @@ class PostgresStore:
         )
 
 
-class _Conflict(Exception):
+class _Again(Exception):
+    """A transaction that wrote nothing and may simply run again."""
+
+    def give_up(self, tries: int) -> StoreError:
+        raise NotImplementedError
+
+
+class _Conflict(_Again):
     """A transaction lost to another writer (deadlock, serialization, key race)."""
+
+    def give_up(self, tries: int) -> StoreError:
+        return StoreError(
+            f"postgres store: gave up after {tries} tries that conflicted with other writers "
+            f"({_first_line(self.__cause__ or self)})"
+        )
+
+
+class _Dropped(_Again):
+    """The connection broke before the commit: run again on another (the pool replaces it)."""
+
+    def give_up(self, tries: int) -> StoreError:
+        return StoreUnavailable(
+            f"postgres store unavailable: {tries} connections lost "
+            f"({_first_line(self.__cause__ or self)})"
+        )
 
 
 async def _translated(work: Awaitable[T]) -> T:
     try:
         return await work
+    except _Again:
+        raise
     except _CONFLICTS as exc:
         raise _Conflict from exc
     except psycopg.OperationalError as exc:
@@ -442,6 +491,18 @@ def _without_password(dsn: str) -> str:
     if parts.password is None:
         return dsn
     return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
+
+
+async def _check_connection(conn: Connection) -> None:
+    """The pool's check of a connection before lending it, without a round trip: reading what
+    the server sent meanwhile shows a connection it closed (a restart) as broken, and the pool
+    replaces it. (A connection lost without a word fails its verb as StoreUnavailable.)"""
+    pgconn = conn.pgconn
+    if pgconn.status == ConnStatus.OK:
+        with contextlib.suppress(psycopg.OperationalError):
+            pgconn.consume_input()
+    if conn.closed or pgconn.status != ConnStatus.OK:
+        raise psycopg.OperationalError("the server closed the connection")
 
 
 def _named(dsn: str, application_name: str) -> str:
@@ -528,29 +589,35 @@ class _GateRows:
         self.changed: set[str] = set()
         self.busy: set[str] = set()
 
-    async def lock(self, names: Iterable[str], *, or_skip: bool = False) -> bool:
-        """Lock and load the gates among `names` not held yet; True if it may have waited."""
+    async def lock(
+        self, names: Iterable[str], *, or_skip: bool = False, clock: bool = False
+    ) -> None:
+        """Lock and load the gates among `names` not held yet. With `clock`, read the clock
+        again once the locks that may have waited are held (in the same round trip)."""
         wanted = sorted(set(names) - self.states.keys() - self.busy)
         top = max(self.states, default="")
         waiting = [name for name in wanted if not or_skip or name > top]
         if waiting:
-            await self._take("lock_gates", waiting)
+            await self._take("lock_gates", waiting, clock=clock)
         free_only = [name for name in wanted if name not in self.states]
         if free_only:
-            await self._take("try_lock_gates", free_only)
+            await self._take("try_lock_gates", free_only, clock=False)
             self.busy.update(name for name in free_only if name not in self.states)
-        return bool(waiting)
 
-    async def _take(self, query: str, names: Sequence[str]) -> None:
-        await self._load(query, names)
+    async def _take(self, query: str, names: Sequence[str], *, clock: bool) -> None:
+        await self._load(query, names, clock=clock)
         missing = [name for name in names if name not in self.states]
         if missing:  # first use: create the rows, then lock them
             await self._tx.run("add_gates", names=missing)
-            await self._load(query, missing)
+            await self._load(query, missing, clock=clock)
 
-    async def _load(self, query: str, names: Sequence[str]) -> None:
-        for found in await self._tx.rows(query, names=list(names)):
+    async def _load(self, query: str, names: Sequence[str], *, clock: bool) -> None:
+        locked = await self._tx.send(query, names=list(names))
+        time = await self._tx.send_clock() if clock else None
+        for found in await locked.fetchall():
             self.states[found["name"]] = _gate_state(found)
+        if clock:
+            await self._tx.read_clock(time)
 
     def get(self, name: str) -> GateState:
         return self.states[name]
@@ -610,14 +677,20 @@ class _Transaction:
         self._dispatches: int | None = None
         self._served: dict[str, int] = {}
         self._served_now: set[str] = set()
+        self._tickets: dict[int, list[DictRow]] = {}  # ticket counts read, by task
+        self._counters: psycopg.AsyncCursor[DictRow] | None = None  # meta_values, sent early
 
     # -- statements
 
     # Each runs the named query; `query` is positional-only so a parameter may be called `name`.
 
+    async def send(self, query: str, /, **params: object) -> psycopg.AsyncCursor[DictRow]:
+        """Send a statement and read its rows later: statements sent before a read share its
+        round trip (pipeline mode)."""
+        return await self.conn.execute(self._queries[query].text, {"now": self.now, **params})
+
     async def rows(self, query: str, /, **params: object) -> list[DictRow]:
-        cursor = await self.conn.execute(self._queries[query].text, {"now": self.now, **params})
-        return await cursor.fetchall()
+        return await (await self.send(query, **params)).fetchall()
 
     async def row(self, query: str, /, **params: object) -> DictRow | None:
         found = await self.rows(query, **params)
@@ -637,13 +710,19 @@ class _Transaction:
         async with self.conn.cursor() as cursor:
             await cursor.executemany(self._queries[query].text, params)
 
-    async def read_clock(self) -> None:
-        """The store's time, read now: the server's clock unless a clock was given. It never
-        goes back within a transaction."""
+    async def send_clock(self) -> psycopg.AsyncCursor[DictRow] | None:
+        """Ask the server for its time (None when a clock was given): sent after a lock, it
+        answers once the lock is held."""
+        return None if self._clock is not None else await self.send("server_now")
+
+    async def read_clock(self, sent: psycopg.AsyncCursor[DictRow] | None = None) -> None:
+        """The store's time: the server's clock (the answer to `sent`, or asked now) unless a
+        clock was given. It never goes back within a transaction."""
         if self._clock is not None:
             now = self._clock.now()
         else:
-            now = float((await self.one("server_now"))["now"])
+            found = await (sent or await self.send("server_now")).fetchone()
+            now = float(found["now"]) if found is not None else -math.inf
         self.now = max(self.now, now)
 
     async def conclude(self, channel: str) -> None:
@@ -714,6 +793,8 @@ class _Transaction:
         existing: Mapping[str, int],
     ) -> list[Submitted]:
         """Create the batch's new tasks (a known key names its task instead) in one statement."""
+        if not tasks:
+            return []
         fresh = _first_of_each_key(tasks, existing)
         ids = iter([int(row["id"]) for row in await self.rows("next_task_ids", n=len(fresh))])
         keyed = dict(existing)
@@ -757,8 +838,10 @@ class _Transaction:
         """Start tags for new tasks, in batch order; their flows' rows are locked in name order."""
         flows = sorted({p.task.flow for p in planned})
         await self.run("add_flows", flows=flows)
-        found = await self.rows("lock_flows", flows=flows)
-        finish = {row["flow"]: float(row["finish_tag"]) for row in found}
+        locked = await self.send("lock_flows", flows=flows)
+        if self._virtual_time is None:
+            self._counters = await self.send("meta_values")
+        finish = {row["flow"]: float(row["finish_tag"]) for row in await locked.fetchall()}
         virtual_time = await self.virtual_time()
         for p in planned:
             tagged = fairness.tag(virtual_time, finish[p.task.flow], p.task.weight)
@@ -768,23 +851,27 @@ class _Transaction:
 
     async def virtual_time(self) -> float:
         if self._virtual_time is None:
-            self._virtual_time = float((await self.one("meta_value", name="virtual_time"))["value"])
-        return self._virtual_time
+            await self.load_counters()
+        return self._virtual_time or 0.0
 
     # -- claiming
 
     async def claim(
         self, worker: str, limit: int, lease_for: float, kinds: list[str] | None
     ) -> ClaimResult:
-        await self.reap()
-        await self.age()
+        later = await self.send("next_ready_run_at")  # reaping and leasing cannot change it
+        self._counters = await self.send("meta_values")
+        aging = await self.send_aging()
+        if await self.reap():
+            aging = await self.send_aging()  # tasks made ready again may age as well
+        await self.age(aging)
         chosen: list[TaskRecord] = []
         excluded: set[str] = set()
         book: GateBook | None = None
         async with contextlib.aclosing(self.rounds(kinds, excluded, limit)) as rounds:
             async for candidates in rounds:
                 book = await self.open_book(book, candidates)
-                await self.load_served(candidates)
+                await self.load_counters()
                 self.admit(book, candidates, chosen, excluded, limit)
                 if len(chosen) >= limit:
                     break
@@ -792,8 +879,9 @@ class _Transaction:
         for name in book.changed:
             self.gates.put(name, book.states[name])
         leases = await self.lease(chosen, worker, lease_for)
-        later = (await self.one("next_ready_run_at"))["at"]
-        return ClaimResult(tuple(leases), self.now, earliest(book.wake_at(), later))
+        found = await later.fetchone()
+        wake_at = earliest(book.wake_at(), found["at"] if found is not None else None)
+        return ClaimResult(tuple(leases), self.now, wake_at)
 
     async def rounds(
         self, kinds: list[str] | None, excluded: set[str], limit: int
@@ -806,18 +894,18 @@ class _Transaction:
         size = min(CLAIM_BATCH, 2 * limit + 8)
         held: list[TaskRecord] = []
         while True:
-            batch = [
-                _record(found)
-                for found in await self.rows(
-                    "ready_candidates",
-                    tier=after[0],
-                    tag=after[1],
-                    id=after[2],
-                    kinds=kinds,
-                    refused=sorted(excluded),
-                    batch=size,
-                )
-            ]
+            found = await self.rows(
+                "ready_candidates",
+                tier=after[0],
+                tag=after[1],
+                id=after[2],
+                kinds=kinds,
+                refused=sorted(excluded),
+                batch=size,
+            )
+            for row in found:  # when each flow was last served, read with the candidates
+                self._served.setdefault(row["flow"], int(row["flow_served"]))
+            batch = [_record(row) for row in found]
             if len(batch) < size:
                 if held or batch:
                     yield held + batch
@@ -831,12 +919,9 @@ class _Transaction:
     async def open_book(self, book: GateBook | None, candidates: Sequence[TaskRecord]) -> GateBook:
         """Lock the gates `candidates` need; the first time, read the clock after waiting for
         them and open the book the claim decides with."""
-        waited = await self.gates.lock((g for t in candidates for g in t.gates), or_skip=True)
-        if book is not None:
-            return book
-        if waited:
-            await self.read_clock()
-        return GateBook(self.configs, self.gates.get, self.now)
+        gates = (g for t in candidates for g in t.gates)
+        await self.gates.lock(gates, or_skip=True, clock=book is None)
+        return book or GateBook(self.configs, self.gates.get, self.now)
 
     def admit(
         self,
@@ -865,14 +950,12 @@ class _Transaction:
                 self.dispatched(task)
         excluded.update(book.refused_keys)
 
-    async def load_served(self, candidates: Sequence[TaskRecord]) -> None:
-        flows = sorted({task.flow for task in candidates} - self._served.keys())
-        if flows:
-            found = await self.rows("flows_served", flows=flows)
-            self._served.update({row["flow"]: int(row["served"]) for row in found})
+    async def load_counters(self) -> None:
         if self._dispatches is None:
-            self._dispatches = int((await self.one("meta_value", name="dispatches"))["value"])
-            await self.virtual_time()
+            sent = self._counters or await self.send("meta_values")
+            found = {row["name"]: row["value"] for row in await sent.fetchall()}
+            self._dispatches = int(found["dispatches"])
+            self._virtual_time = float(found["virtual_time"])
 
     def last_served(self, flow: str) -> int:
         return self._served.get(flow, 0)
@@ -892,30 +975,36 @@ class _Transaction:
         ids = [task.id for task in chosen]
         found = await self.rows("lease_tasks", ids=ids, worker=worker, until=until)
         leased = {record.id: record for record in map(_record, found)}
-        await self.save_dispatches(len(chosen))
+        await self.save_turns(int(found[0]["dispatches"]))
         return [Lease(leased[i], leased[i].lease_token, until) for i in ids]
 
-    async def save_dispatches(self, count: int) -> None:
-        """Count this claim's dispatches and number its flows' turns after every dispatch that
-        other claims committed meanwhile."""
-        total = int((await self.one("count_dispatches", n=count))["value"])
+    async def save_turns(self, total: int) -> None:
+        """Number this claim's flows' turns after every dispatch counted before it (`total`
+        includes this claim's, and other claims' committed meanwhile); move the virtual time."""
         offset = total - (self._dispatches or 0)
         flows = sorted(self._served_now)
         served = [self._served[flow] + offset for flow in flows]
-        await self.run("save_flows_served", flows=flows, served=served)
-        await self.run("advance_virtual_time", value=self._virtual_time or 0.0)
+        await self.run("lock_flows", flows=flows)  # in name order, as every writer does
+        virtual_time = self._virtual_time or 0.0
+        await self.run("save_turns", flows=flows, served=served, virtual_time=virtual_time)
 
-    async def age(self) -> None:
+    async def send_aging(self) -> psycopg.AsyncCursor[DictRow] | None:
+        """Ready tasks below the aging ceiling that may have waited an aging step."""
         step = self.settings.aging_step
         if step <= 0:
-            return
+            return None
         cutoff = self.now - step + AGING_SLACK
+        return await self.send("aging_candidates", ceiling=int(AGING_CEILING), cutoff=cutoff)
+
+    async def age(self, candidates: psycopg.AsyncCursor[DictRow] | None) -> None:
+        if candidates is None:
+            return
         promoted: dict[int, int] = {}
-        for tier in (t for t in Tier if t > AGING_CEILING):
-            for found in await self.rows("aging_candidates", tier=int(tier), cutoff=cutoff):
-                aged = aged_tier(tier, self.now - found["ready_since"], step)
-                if aged != tier:
-                    promoted[int(found["id"])] = int(aged)
+        for found in await candidates.fetchall():
+            tier = Tier(found["tier"])
+            aged = aged_tier(tier, self.now - found["ready_since"], self.settings.aging_step)
+            if aged != tier:
+                promoted[int(found["id"])] = int(aged)
         if promoted:
             await self.run("promote", ids=list(promoted), tiers=list(promoted.values()))
 
@@ -936,15 +1025,23 @@ class _Transaction:
 
     # -- gates
 
-    async def release(self, task_id: int) -> None:
-        held = await self.rows("ticket_counts", task_id=task_id)
+    async def ticket_counts(self, task_id: int) -> list[DictRow]:
+        if task_id not in self._tickets:
+            self._tickets[task_id] = await self.rows("ticket_counts", task_id=task_id)
+        return self._tickets[task_id]
+
+    async def release(self, task_id: int, *, delete: bool = True) -> None:
+        """Return a task's tickets to their gates (`delete=False`: the caller deletes the rows)."""
+        held = await self.ticket_counts(task_id)
+        self._tickets[task_id] = []
         if not held:
             return
         await self.gates.lock(found["gate"] for found in held)
         for found in held:
             name = found["gate"]
             self.gates.put(name, gating.release(self.gates.get(name), int(found["n"])))
-        await self.run("delete_tickets", task_id=task_id)
+        if delete:
+            await self.run("delete_tickets", task_id=task_id)
         self.wake = True
 
     async def penalize(self, names: Sequence[str]) -> None:
@@ -972,8 +1069,14 @@ class _Transaction:
 
     async def held(self, lease: Lease) -> TaskRecord:
         """The task `lease` still holds, locked until the outcome is written."""
-        found = await self.row("lock_task", id=lease.task_id)
-        await self.read_clock()  # after the row lock: waiting for it must not stretch the lease
+        locked = await self.send("lock_task", id=lease.task_id)
+        # Asked after the row lock, in the same round trip: waiting for it must not stretch the
+        # lease. The tickets are read under the lock too.
+        time = await self.send_clock()
+        tickets = await self.send("ticket_counts", task_id=lease.task_id)
+        found = await locked.fetchone()
+        await self.read_clock(time)
+        self._tickets[lease.task_id] = await tickets.fetchall()
         task = None if found is None else _record(found)
         if task is None or not _holds(task, lease.token, self.now):
             raise LeaseLost(lease.task_id)
@@ -1005,6 +1108,7 @@ class _Transaction:
                     await self.finish(lease, outcome)
             except HeadraceError as error:
                 self.gates.restore(before)
+                self._tickets.clear()  # read again: the rollback may have restored some
                 results.append(error)
             else:
                 results.append(None)
@@ -1015,9 +1119,8 @@ class _Transaction:
         name order, then read the clock again: gate times follow the order of the locks."""
         for name in penalized:
             gating.resolve(name, self.configs)
-        held = [found["gate"] for found in await self.rows("ticket_gates", task_ids=[task.id])]
-        if await self.gates.lock([*held, *penalized]):
-            await self.read_clock()
+        held = await self.ticket_counts(task.id)
+        await self.gates.lock([*(found["gate"] for found in held), *penalized], clock=True)
 
     async def poll_again(self, task: TaskRecord, outcome: PollAgain) -> None:
         if task.state is not TaskState.WAITING:
@@ -1029,18 +1132,19 @@ class _Transaction:
         states = await self.check_batch(outcome.successors)
         existing = await self.ids_for_keys(outcome.successors)
         await self.lock_gates_for(task, ())
-        await self.end_attempt(task, AttemptOutcome.SUCCEEDED, None)
-        await self.release(task.id)
-        await self.run("mark_succeeded", id=task.id)
+        await self.release(task.id, delete=False)
         units = outcome.cost if outcome.cost is not None else task.cost
-        await self.run("add_to_ledger", grp=task.group or "", kind=task.kind, units=units)
+        await self.run(
+            "succeed_task",
+            id=task.id,
+            number=task.attempt,
+            grp=task.group or "",
+            kind=task.kind,
+            units=units,
+        )
+        states[task.id] = TaskState.SUCCEEDED  # successors that wait on it have nothing to wait for
         await self.create(outcome.successors, states, existing)
-        await self.unblock_dependents(task.id)
         self.wake = True
-
-    async def unblock_dependents(self, task_id: int) -> None:
-        found = await self.rows("unblock_dependents", dep_id=task_id)
-        self.wake = self.wake or any(row["state"] == TaskState.READY.value for row in found)
 
     async def retry(self, task: TaskRecord, outcome: Retry) -> None:
         await self.lock_gates_for(task, outcome.penalize)
@@ -1153,8 +1257,7 @@ class _Transaction:
         ids = [task.id for task in expired]
         await self.lock_tree(ids)
         held = await self.rows("ticket_gates", task_ids=ids)
-        if await self.gates.lock(found["gate"] for found in held):
-            await self.read_clock()
+        await self.gates.lock((found["gate"] for found in held), clock=True)
         for task in expired:
             await self.expire(task)
         self.wake = True

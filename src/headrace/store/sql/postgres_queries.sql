@@ -106,18 +106,6 @@ INSERT INTO task_deps (dep_id, task_id)
 SELECT * FROM unnest(%(dep_ids)s::bigint[], %(task_ids)s::bigint[])
 ON CONFLICT DO NOTHING;
 
--- name: unblock_dependents
--- A dependency succeeded: count it met, and make dependents with none left ready.
-UPDATE tasks
-SET unmet = unmet - 1,
-    state = CASE WHEN unmet = 1 AND state = 'pending' THEN 'ready' ELSE state END,
-    ready_since = CASE
-        WHEN unmet = 1 AND state = 'pending' THEN %(now)s::double precision
-        ELSE ready_since
-    END
-WHERE id IN (SELECT task_id FROM task_deps WHERE dep_id = %(dep_id)s::bigint)
-RETURNING state;
-
 -- name: dependents
 -- Who waits on a task (kept after its outcome: a redrive may restore them).
 SELECT task_id FROM task_deps WHERE dep_id = %(dep_id)s::bigint ORDER BY task_id;
@@ -160,19 +148,9 @@ UPDATE tasks SET state = 'pending', finished_at = NULL, error_code = NULL
 WHERE id = %(id)s::bigint AND state = 'cancelled' AND error_code = 'upstream_failed'
 RETURNING id;
 
--- name: meta_value
--- A store-wide number: the fair-queueing virtual time or the dispatch count.
-SELECT value FROM meta WHERE name = %(name)s::text;
-
--- name: count_dispatches
--- Count a claim's dispatches; the new count numbers them for flows' turns.
-UPDATE meta SET value = value + %(n)s::double precision WHERE name = 'dispatches'
-RETURNING value;
-
--- name: advance_virtual_time
--- Move the fair-queueing virtual time to the largest tag dispatched (never back).
-UPDATE meta SET value = greatest(value, %(value)s::double precision)
-WHERE name = 'virtual_time';
+-- name: meta_values
+-- The store-wide numbers: the fair-queueing virtual time and the dispatch count.
+SELECT name, value FROM meta;
 
 -- name: add_flows
 -- Flows seen for the first time, in name order (the order every writer locks flows in).
@@ -192,12 +170,12 @@ UPDATE flows SET finish_tag = f.finish
 FROM unnest(%(flows)s::text[], %(finishes)s::double precision[]) AS f (flow, finish)
 WHERE flows.flow = f.flow;
 
--- name: flows_served
--- When flows were last served (a dispatch count; 0 = never).
-SELECT flow, served FROM flows WHERE flow = ANY(%(flows)s::text[]);
-
--- name: save_flows_served
--- Mark flows served by their dispatch numbers (parallel arrays, in name order).
+-- name: save_turns
+-- Mark flows served (rows locked before, in name order); move the virtual time forward.
+WITH moved AS (
+    UPDATE meta SET value = greatest(value, %(virtual_time)s::double precision)
+    WHERE name = 'virtual_time'
+)
 UPDATE flows SET served = f.served
 FROM unnest(%(flows)s::text[], %(served)s::bigint[]) AS f (flow, served)
 WHERE flows.flow = f.flow;
@@ -221,9 +199,9 @@ SET state = 'ready', run_at = %(now)s::double precision, worker = NULL, lease_un
 WHERE id = %(id)s::bigint;
 
 -- name: aging_candidates
--- Ready tasks of a tier that may have waited an aging step (the caller decides with aged_tier).
+-- Ready tasks below the ceiling that may have waited an aging step (aged_tier decides).
 SELECT id, tier, ready_since FROM tasks
-WHERE state = 'ready' AND tier = %(tier)s::smallint
+WHERE state = 'ready' AND tier > %(ceiling)s::smallint
   AND ready_since <= %(cutoff)s::double precision
 FOR UPDATE SKIP LOCKED;
 
@@ -234,19 +212,19 @@ FROM unnest(%(ids)s::bigint[], %(tiers)s::smallint[]) AS p (id, tier)
 WHERE tasks.id = p.id;
 
 -- name: ready_candidates
--- One claim batch: due ready tasks after a (tier, tag, id) key, locked (others' skipped).
-SELECT * FROM tasks
-WHERE state = 'ready'
-  AND (tier, tag, id) > (%(tier)s::smallint, %(tag)s::double precision, %(id)s::bigint)
-  AND run_at <= %(now)s::double precision
-  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
-  AND gate_key <> ALL(%(refused)s::text[])
-ORDER BY tier, tag, id
+-- One claim batch: due ready tasks after a (tier, tag, id) key, locked, with flows' turns.
+SELECT t.*, f.served AS flow_served FROM tasks AS t JOIN flows AS f ON f.flow = t.flow
+WHERE t.state = 'ready'
+  AND (t.tier, t.tag, t.id) > (%(tier)s::smallint, %(tag)s::double precision, %(id)s::bigint)
+  AND t.run_at <= %(now)s::double precision
+  AND (%(kinds)s::text[] IS NULL OR t.kind = ANY(%(kinds)s::text[]))
+  AND t.gate_key <> ALL(%(refused)s::text[])
+ORDER BY t.tier, t.tag, t.id
 LIMIT %(batch)s::integer
-FOR UPDATE SKIP LOCKED;
+FOR UPDATE OF t SKIP LOCKED;
 
 -- name: lease_tasks
--- Lease ready tasks to a worker under new fencing tokens, with attempt rows and tickets.
+-- Lease ready tasks under new fencing tokens, with attempt rows, tickets and the dispatch count.
 WITH leased AS (
     UPDATE tasks
     SET state = 'running', attempt = attempt + 1, worker = %(worker)s::text,
@@ -258,8 +236,11 @@ WITH leased AS (
     SELECT id, attempt, worker, %(now)s::double precision, 'running' FROM leased
 ), granted AS (
     INSERT INTO tickets (task_id, gate) SELECT id, unnest(gates) FROM leased
+), counted AS (
+    UPDATE meta SET value = value + (SELECT count(*) FROM leased) WHERE name = 'dispatches'
+    RETURNING value
 )
-SELECT * FROM leased;
+SELECT leased.*, (SELECT value FROM counted) AS dispatches FROM leased;
 
 -- name: end_attempt
 -- Close the open attempt of a task (running, or waiting on its remote job) with its outcome.
@@ -358,18 +339,35 @@ RETURNING tasks.*;
 UPDATE tasks SET run_at = %(run_at)s::double precision, lease_until = NULL, worker = NULL
 WHERE id = %(id)s::bigint;
 
--- name: mark_succeeded
--- Record a task's success.
+-- name: succeed_task
+-- Record a success: close the attempt, drop the tickets, add the units, unblock dependents.
+WITH ended AS (
+    UPDATE attempts
+    SET ended_at = %(now)s::double precision, outcome = 'succeeded', error_class = NULL,
+        code = NULL, message = NULL
+    WHERE task_id = %(id)s::bigint AND number = %(number)s::integer
+      AND outcome IN ('running', 'waiting')
+), returned AS (
+    DELETE FROM tickets WHERE task_id = %(id)s::bigint
+), counted AS (
+    INSERT INTO ledger (grp, kind, units)
+    VALUES (%(grp)s::text, %(kind)s::text, %(units)s::double precision)
+    ON CONFLICT (grp, kind) DO UPDATE SET units = ledger.units + excluded.units
+), unblocked AS (
+    -- A dependency succeeded: count it met; dependents with none left become ready.
+    UPDATE tasks
+    SET unmet = unmet - 1,
+        state = CASE WHEN unmet = 1 AND state = 'pending' THEN 'ready' ELSE state END,
+        ready_since = CASE
+            WHEN unmet = 1 AND state = 'pending' THEN %(now)s::double precision
+            ELSE ready_since
+        END
+    WHERE id IN (SELECT task_id FROM task_deps WHERE dep_id = %(id)s::bigint)
+)
 UPDATE tasks
 SET state = 'succeeded', finished_at = %(now)s::double precision, lease_until = NULL,
     error_code = NULL
 WHERE id = %(id)s::bigint;
-
--- name: add_to_ledger
--- Add a succeeded task's units to its group's ledger.
-INSERT INTO ledger (grp, kind, units)
-VALUES (%(grp)s::text, %(kind)s::text, %(units)s::double precision)
-ON CONFLICT (grp, kind) DO UPDATE SET units = ledger.units + excluded.units;
 
 -- name: mark_retry
 -- Queue a task for another attempt at run_at.
