@@ -678,6 +678,8 @@ class _Transaction:
         self._served: dict[str, int] = {}
         self._served_now: set[str] = set()
         self._tickets: dict[int, list[DictRow]] = {}  # ticket counts read, by task
+        self._held: dict[int, TaskRecord] = {}  # tasks locked for outcomes, not yet written
+        self._ledger: dict[tuple[str, str], float] = {}  # units to add, by (group, kind)
         self._counters: psycopg.AsyncCursor[DictRow] | None = None  # meta_values, sent early
 
     # -- statements
@@ -727,6 +729,10 @@ class _Transaction:
 
     async def conclude(self, channel: str) -> None:
         await self.gates.flush()
+        if self._ledger:  # last, in key order: the ledger's rows are the hottest
+            rows = sorted(self._ledger.items())
+            params = [{"grp": grp, "kind": kind, "units": units} for (grp, kind), units in rows]
+            await self.run_many("add_to_ledger", params)
         if self.wake:
             await self.run("notify", channel=channel)
 
@@ -838,7 +844,7 @@ class _Transaction:
         """Start tags for new tasks, in batch order; their flows' rows are locked in name order."""
         flows = sorted({p.task.flow for p in planned})
         await self.run("add_flows", flows=flows)
-        locked = await self.send("lock_flows", flows=flows)
+        locked = await self.send("lock_flows", flows=flows)  # held already after `prepare`
         if self._virtual_time is None:
             self._counters = await self.send("meta_values")
         finish = {row["flow"]: float(row["finish_tag"]) for row in await locked.fetchall()}
@@ -1067,22 +1073,50 @@ class _Transaction:
             for lease in leases
         ]
 
-    async def held(self, lease: Lease) -> TaskRecord:
-        """The task `lease` still holds, locked until the outcome is written."""
-        locked = await self.send("lock_task", id=lease.task_id)
-        # Asked after the row lock, in the same round trip: waiting for it must not stretch the
-        # lease. The tickets are read under the lock too.
-        time = await self.send_clock()
-        tickets = await self.send("ticket_counts", task_id=lease.task_id)
-        found = await locked.fetchone()
+    async def prepare(self, outcomes: Sequence[tuple[Lease, Outcome]]) -> None:
+        """Lock, before any is written and in the order every writer follows, what the outcomes
+        will touch: their tasks and the tasks waiting on those that succeed or die, the tasks
+        their successors wait on, the gates, the successors' flows. Then no outcome of a batch
+        waits for a lock while holding one a later outcome's order puts first."""
+        ids = sorted({lease.task_id for lease, _ in outcomes})
+        dead = [lease.task_id for lease, outcome in outcomes if isinstance(outcome, Dead)]
+        done = [lease.task_id for lease, outcome in outcomes if isinstance(outcome, Succeeded)]
+        locked = await self.send("lock_for_outcomes", ids=ids, dead=dead, succeeded=done)
+        time = await self.send_clock()  # answered after the row locks: a wait must not stretch
+        tickets = await self.send("ticket_counts_many", task_ids=ids)  # a lease
+        held = {int(row["id"]): _record(row) for row in await locked.fetchall()}
+        self._held = {task_id: held[task_id] for task_id in ids if task_id in held}
         await self.read_clock(time)
-        self._tickets[lease.task_id] = await tickets.fetchall()
-        task = None if found is None else _record(found)
+        self._tickets.update({task_id: [] for task_id in ids})
+        for found in await tickets.fetchall():
+            self._tickets[int(found["task_id"])].append(found)
+        successors = [t for _, o in outcomes if isinstance(o, Succeeded) for t in o.successors]
+        await self.dependency_states(d for t in successors for d in t.after if isinstance(d, int))
+        gates = [row["gate"] for rows in self._tickets.values() for row in rows]
+        await self.gates.lock([*gates, *_declared(outcomes, self.configs)], clock=True)
+        await self.lock_flows(sorted({task.flow for task in successors}))
+
+    async def lock_flows(self, flows: list[str]) -> None:
+        if flows:
+            await self.run("add_flows", flows=flows)
+            await self.run("lock_flows", flows=flows)
+
+    async def held(self, lease: Lease) -> TaskRecord:
+        """The task `lease` still holds (locked by `prepare`), checked against the clock read
+        once every lock was held."""
+        task = self._held.pop(lease.task_id, None)
+        if task is None:  # an earlier outcome of the batch was for this task too: read it again
+            found = await self.row("lock_task", id=lease.task_id)
+            task = None if found is None else _record(found)
         if task is None or not _holds(task, lease.token, self.now):
             raise LeaseLost(lease.task_id)
         return task
 
     async def finish(self, lease: Lease, outcome: Outcome) -> None:
+        await self.prepare([(lease, outcome)])
+        await self.apply(lease, outcome)
+
+    async def apply(self, lease: Lease, outcome: Outcome) -> None:
         task = await self.held(lease)
         if isinstance(outcome, PollAgain):
             await self.poll_again(task, outcome)
@@ -1100,14 +1134,16 @@ class _Transaction:
     ) -> list[HeadraceError | None]:
         """Each outcome inside its own savepoint: one refused outcome leaves no trace and does
         not undo the others."""
+        await self.prepare(outcomes)
         results: list[HeadraceError | None] = []
         for lease, outcome in outcomes:
-            before = self.gates.snapshot()
+            before, ledger = self.gates.snapshot(), dict(self._ledger)
             try:
                 async with self.conn.transaction():
-                    await self.finish(lease, outcome)
+                    await self.apply(lease, outcome)
             except HeadraceError as error:
                 self.gates.restore(before)
+                self._ledger = ledger
                 self._tickets.clear()  # read again: the rollback may have restored some
                 results.append(error)
             else:
@@ -1133,15 +1169,10 @@ class _Transaction:
         existing = await self.ids_for_keys(outcome.successors)
         await self.lock_gates_for(task, ())
         await self.release(task.id, delete=False)
+        await self.run("succeed_task", id=task.id, number=task.attempt)
         units = outcome.cost if outcome.cost is not None else task.cost
-        await self.run(
-            "succeed_task",
-            id=task.id,
-            number=task.attempt,
-            grp=task.group or "",
-            kind=task.kind,
-            units=units,
-        )
+        entry = (task.group or "", task.kind)
+        self._ledger[entry] = self._ledger.get(entry, 0.0) + units
         states[task.id] = TaskState.SUCCEEDED  # successors that wait on it have nothing to wait for
         await self.create(outcome.successors, states, existing)
         self.wake = True
@@ -1155,7 +1186,6 @@ class _Transaction:
         await self.run("mark_retry", id=task.id, run_at=run_at, code=outcome.error.code)
 
     async def die(self, task: TaskRecord, outcome: Dead) -> None:
-        await self.lock_tree([task.id])
         await self.lock_gates_for(task, outcome.penalize)
         await self.penalize(outcome.penalize)
         await self.end_attempt(task, AttemptOutcome.DEAD, outcome.error)
@@ -1202,9 +1232,8 @@ class _Transaction:
 
     async def lock_tree(self, roots: Sequence[int]) -> list[int]:
         """Lock tasks and everything waiting on them, in id order (before any gate)."""
-        tree = [int(found["id"]) for found in await self.rows("dependent_tree", ids=list(roots))]
-        await self.rows("lock_tasks", ids=tree)
-        return tree
+        found = await self.rows("lock_for_outcomes", ids=[], dead=list(roots), succeeded=[])
+        return [int(row["id"]) for row in found]
 
     # -- dead letters
 
@@ -1323,6 +1352,19 @@ class _Transaction:
                 continue  # declared by another process sharing the store, not by this one
             stats.append(gating.statistics(config, _gate_state(found), self.now))
         return sorted(stats, key=lambda s: s.name)
+
+
+def _declared(
+    outcomes: Iterable[tuple[Lease, Outcome]], configs: Mapping[str, GateConfig]
+) -> list[str]:
+    """The gates the outcomes penalise that a spec declares (the others fail their outcome)."""
+    names = {n for _, o in outcomes if isinstance(o, Retry | Dead) for n in o.penalize}
+    declared = []
+    for name in sorted(names):
+        with contextlib.suppress(UnknownGate):
+            gating.resolve(name, configs)
+            declared.append(name)
+    return declared
 
 
 def _holds(task: TaskRecord, token: int, now: float) -> bool:

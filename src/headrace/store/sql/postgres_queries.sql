@@ -55,9 +55,21 @@ SELECT * FROM tasks WHERE id = %(id)s::bigint;
 -- One task, locked until the end of the transaction: its holder's write is checked against it.
 SELECT * FROM tasks WHERE id = %(id)s::bigint FOR UPDATE;
 
--- name: lock_tasks
--- Tasks locked in id order (a cancelled tree), so that no two writers wait on each other.
-SELECT id FROM tasks WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR UPDATE;
+-- name: lock_for_outcomes
+-- Lock in id order tasks, what waits on those succeeding (directly) or dying (in a tree).
+WITH RECURSIVE tree (id) AS (
+    SELECT unnest(%(dead)s::bigint[])
+    UNION
+    SELECT d.task_id FROM task_deps AS d JOIN tree ON d.dep_id = tree.id
+)
+SELECT * FROM tasks
+WHERE id IN (
+    SELECT unnest(%(ids)s::bigint[])
+    UNION SELECT id FROM tree
+    UNION SELECT task_id FROM task_deps WHERE dep_id = ANY(%(succeeded)s::bigint[])
+)
+ORDER BY id
+FOR UPDATE;
 
 -- name: share_tasks
 -- The states of tasks named as dependencies, held still until the new dependents are written.
@@ -96,7 +108,7 @@ FROM unnest(
     id, kind, ref, gates, gate_key, flow, grp, tier, cost, key, state, max_attempts, tag,
     run_at, ready_since, unmet
 )
-ORDER BY t.id
+ORDER BY t.key COLLATE "C", t.id  -- keys taken in one order by every writer: no deadlock
 ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING
 RETURNING id;
 
@@ -109,15 +121,6 @@ ON CONFLICT DO NOTHING;
 -- name: dependents
 -- Who waits on a task (kept after its outcome: a redrive may restore them).
 SELECT task_id FROM task_deps WHERE dep_id = %(dep_id)s::bigint ORDER BY task_id;
-
--- name: dependent_tree
--- Tasks and everything that waits on them, directly or not: what cancelling them may touch.
-WITH RECURSIVE tree (id) AS (
-    SELECT unnest(%(ids)s::bigint[])
-    UNION
-    SELECT d.task_id FROM task_deps AS d JOIN tree ON d.dep_id = tree.id
-)
-SELECT id FROM tree ORDER BY id;
 
 -- name: failed_deps
 -- How many of a task's dependencies are dead or cancelled.
@@ -259,6 +262,11 @@ WHERE state = 'ready' AND run_at > %(now)s::double precision;
 -- The gates tasks hold tickets on.
 SELECT DISTINCT gate FROM tickets WHERE task_id = ANY(%(task_ids)s::bigint[]);
 
+-- name: ticket_counts_many
+-- The tickets tasks hold, per task and gate.
+SELECT task_id, gate, count(*) AS n FROM tickets WHERE task_id = ANY(%(task_ids)s::bigint[])
+GROUP BY task_id, gate;
+
 -- name: ticket_counts
 -- The tickets a task holds, per gate.
 SELECT gate, count(*) AS n FROM tickets WHERE task_id = %(task_id)s::bigint
@@ -340,7 +348,7 @@ UPDATE tasks SET run_at = %(run_at)s::double precision, lease_until = NULL, work
 WHERE id = %(id)s::bigint;
 
 -- name: succeed_task
--- Record a success: close the attempt, drop the tickets, add the units, unblock dependents.
+-- Record a success: close the attempt, drop the tickets, make dependents with nothing left ready.
 WITH ended AS (
     UPDATE attempts
     SET ended_at = %(now)s::double precision, outcome = 'succeeded', error_class = NULL,
@@ -349,10 +357,6 @@ WITH ended AS (
       AND outcome IN ('running', 'waiting')
 ), returned AS (
     DELETE FROM tickets WHERE task_id = %(id)s::bigint
-), counted AS (
-    INSERT INTO ledger (grp, kind, units)
-    VALUES (%(grp)s::text, %(kind)s::text, %(units)s::double precision)
-    ON CONFLICT (grp, kind) DO UPDATE SET units = ledger.units + excluded.units
 ), unblocked AS (
     -- A dependency succeeded: count it met; dependents with none left become ready.
     UPDATE tasks
@@ -368,6 +372,12 @@ UPDATE tasks
 SET state = 'succeeded', finished_at = %(now)s::double precision, lease_until = NULL,
     error_code = NULL
 WHERE id = %(id)s::bigint;
+
+-- name: add_to_ledger
+-- Add succeeded tasks' units to their group's ledger.
+INSERT INTO ledger (grp, kind, units)
+VALUES (%(grp)s::text, %(kind)s::text, %(units)s::double precision)
+ON CONFLICT (grp, kind) DO UPDATE SET units = ledger.units + excluded.units;
 
 -- name: mark_retry
 -- Queue a task for another attempt at run_at.
