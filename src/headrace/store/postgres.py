@@ -8,9 +8,11 @@ lives in tables, so a gate's cap and rate, fair tags and leases hold across ever
   tasks), locks the rows of the gates those candidates need in name order, and feeds
   `GateBook` through `take_turns`, as the other stores do. It then writes the gate states,
   tickets, leases, attempt rows, dispatch count and virtual time before it commits.
-- Writers lock rows in one order: tasks, then gates (by name), then flows (by name), then the
-  store-wide counters. Where a claim discovers a gate out of that order it takes the row only if
-  it is free, and a transaction that still meets a deadlock or serialization failure is retried.
+- Writers lock rows in one order: tasks (by id), then gates (by name), then flows (by name),
+  then the store-wide counters, and the cost ledger last, at the commit. An outcome (or a batch
+  of them) locks all it will touch before it writes anything. Where a claim discovers a gate
+  out of that order it takes the row only if it is free; a transaction that still meets a
+  deadlock or serialization failure runs again.
 - Time: with no clock given, every lease, run_at and gate time is the server's
   `clock_timestamp()` read in the transaction (again after waiting for gate rows), so hosts with
   skewed clocks agree. A test passes a clock and its value is used instead, in the same SQL.
@@ -19,10 +21,11 @@ lives in tables, so a gate's cap and rate, fair tags and leases hold across ever
 - `submit`, and outcomes that make tasks ready or return tickets, `NOTIFY` the store's channel
   (its schema's name) when they commit; `wait_for_work` listens on a connection of its own.
 
-Connection loss comes out as `StoreUnavailable`, other driver errors as `StoreError`. The
-statements are named in `store/sql/postgres_queries.sql`; the schema is the versioned migrations
-in `store/sql/postgres/migrations/`, applied by `open()` (or `headrace db upgrade`) under an
-advisory lock, in the store's own PostgreSQL schema.
+A connection lost before the commit runs the verb again on another connection; a server that
+cannot be reached, or a loss during the commit, comes out as `StoreUnavailable`; other driver
+errors as `StoreError`. The statements are named in `store/sql/postgres_queries.sql`; the schema
+is the versioned migrations in `store/sql/postgres/migrations/`, applied by `open()` (or
+`headrace db upgrade`) under an advisory lock, in the store's own PostgreSQL schema.
 """
 
 from __future__ import annotations
@@ -207,7 +210,7 @@ class PostgresStore:
             return await _translated(migrate(conn, self._queries, self.schema))
 
     async def now(self) -> float:
-        return await self._read(lambda tx: _value(tx.now))
+        return await self._read(_Transaction.current_time)
 
     async def wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
         self._require_pool()
@@ -517,10 +520,6 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-async def _value(value: T) -> T:
-    return value
-
-
 class _Listener:
     """A connection of its own LISTENing on the store's channel: opened on first use, and again
     after it drops (then it wakes every waiter: notices may have been missed meanwhile). `wait`
@@ -726,6 +725,9 @@ class _Transaction:
             found = await (sent or await self.send("server_now")).fetchone()
             now = float(found["now"]) if found is not None else -math.inf
         self.now = max(self.now, now)
+
+    async def current_time(self) -> float:
+        return self.now
 
     async def conclude(self, channel: str) -> None:
         await self.gates.flush()
@@ -979,6 +981,7 @@ class _Transaction:
             return []
         until = self.now + lease_for
         ids = [task.id for task in chosen]
+        await self.run("lock_flows", flows=sorted(self._served_now))  # before the counters
         found = await self.rows("lease_tasks", ids=ids, worker=worker, until=until)
         leased = {record.id: record for record in map(_record, found)}
         await self.save_turns(int(found[0]["dispatches"]))
@@ -990,7 +993,6 @@ class _Transaction:
         offset = total - (self._dispatches or 0)
         flows = sorted(self._served_now)
         served = [self._served[flow] + offset for flow in flows]
-        await self.run("lock_flows", flows=flows)  # in name order, as every writer does
         virtual_time = self._virtual_time or 0.0
         await self.run("save_turns", flows=flows, served=served, virtual_time=virtual_time)
 
@@ -1258,6 +1260,7 @@ class _Transaction:
     # -- cancellation and reaping
 
     async def cancel(self, task_id: int) -> bool:
+        await self.lock_tree([task_id])  # first: an outcome cannot land between look and act
         if (await self.task(task_id)).state.terminal:
             return False
         await self.cancel_tree(task_id, "cancelled")
