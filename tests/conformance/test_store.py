@@ -704,3 +704,13 @@ async def test_finish_many_records_each_outcome_alone(store: Store, clock: Manua
     assert sorted(r.ref for r in await store.tasks()) == ["next", "t0", "t1", "t2", "t3"]
     [free] = [s for s in await store.gate_statistics() if s.name == "free"]
     assert free.in_flight == 2
+
+
+async def test_a_retry_that_ages_while_it_waits_is_claimed_once(
+    store: Store, clock: ManualClock
+) -> None:
+    await store.submit([task("low", tier=Tier.LOW)])
+    [lease] = await claim(store)
+    await store.finish(lease, Retry(boom(), delay=AGING_STEP + 1))
+    clock.advance(AGING_STEP + 1)
+    assert refs(await claim(store, 5)) == ["low"]

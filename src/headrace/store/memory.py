@@ -259,14 +259,16 @@ class MemoryStore:
         drawing from a queue once its gates refused (every task in it would be refused too)."""
         heads = [(queue[0], key) for key, queue in self._ready.items() if queue]
         heapq.heapify(heads)
+        seen: set[int] = set()  # a task can be queued twice (a retry that also aged): once here
         while heads:
             entry, key = heapq.heappop(heads)
             queue = self._ready[key]
             heapq.heappop(queue)
             if queue and key not in refused:
                 heapq.heappush(heads, (queue[0], key))
-            if not self._is_queued(entry):
+            if not self._is_queued(entry) or entry[2] in seen:
                 continue
+            seen.add(entry[2])
             popped.append((key, entry))
             task = self._tasks[entry[2]]
             if kinds is None or task.kind in kinds:
