@@ -902,6 +902,7 @@ class _Transaction:
         size = min(CLAIM_BATCH, 2 * limit + 8)
         held: list[TaskRecord] = []
         while True:
+            await self.send("index_order_plan")
             found = await self.rows(
                 "ready_candidates",
                 tier=after[0],
@@ -911,6 +912,7 @@ class _Transaction:
                 refused=sorted(excluded),
                 batch=size,
             )
+            await self.send("default_plan")
             for row in found:  # when each flow was last served, read with the candidates
                 self._served.setdefault(row["flow"], int(row["flow_served"]))
             batch = [_record(row) for row in found]

@@ -253,6 +253,14 @@ SET ended_at = %(now)s::double precision, outcome = %(outcome)s::text,
 WHERE task_id = %(task_id)s::bigint AND number = %(number)s::integer
   AND outcome IN ('running', 'waiting');
 
+-- name: index_order_plan
+-- For the candidates only: walk the claim-order index, never sort the whole queue (before ANALYZE has seen a burst, the planner would).
+SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', 'off', true);
+
+-- name: default_plan
+-- Back to the planner's own choices for the rest of the transaction.
+SELECT set_config('enable_sort', 'on', true), set_config('enable_bitmapscan', 'on', true);
+
 -- name: next_ready_run_at
 -- The earliest future run_at of a ready task: when a claim may find new work.
 SELECT min(run_at) AS at FROM tasks
