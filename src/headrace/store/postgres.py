@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections.abc import (
     AsyncGenerator,
     Awaitable,
@@ -118,6 +119,8 @@ POOL_TIMEOUT = 5.0
 RECONNECT_TIMEOUT = POOL_TIMEOUT
 # Seconds between attempts to reopen a dropped LISTEN connection: the first, and the most.
 LISTEN_RETRY = (0.1, 5.0)
+# Seconds `now()` reuses the server's last answer, moved on by the host's monotonic clock.
+CLOCK_REUSE = 1.0
 # Tries of one verb that met a deadlock, a serialization failure or a racing idempotency key.
 CONFLICT_TRIES = 5
 URL_OPTIONS = ("schema", "pool_min", "pool_max")
@@ -157,6 +160,8 @@ class PostgresStore:
         self._configs: dict[str, GateConfig] = {}
         self._queries: Queries = sql.load_queries(QUERIES)
         self._pool: AsyncConnectionPool[Connection] | None = None
+        self._server_clock: tuple[float, float] | None = None  # (server time, monotonic then)
+        self._last_now = -math.inf
         self._listener = _Listener(
             _named(dsn, f"headrace-listen/{schema}"), self._compose("listen")
         )
@@ -210,7 +215,18 @@ class PostgresStore:
             return await _translated(migrate(conn, self._queries, self.schema))
 
     async def now(self) -> float:
-        return await self._read(_Transaction.current_time)
+        """The server's clock, asked at most every CLOCK_REUSE seconds: in between, the last
+        answer moved on by this host's monotonic clock (off by at most half that round trip
+        plus the drift of two clocks over a second; never going back)."""
+        if self.clock is not None:
+            return await self._read(_Transaction.current_time)
+        local = time.monotonic()
+        if self._server_clock is None or local - self._server_clock[1] >= CLOCK_REUSE:
+            self._server_clock = await self._read(_Transaction.clock_sample)
+            local = time.monotonic()
+        server, at = self._server_clock
+        self._last_now = max(self._last_now, server + (local - at))
+        return self._last_now
 
     async def wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
         self._require_pool()
@@ -729,6 +745,13 @@ class _Transaction:
     async def current_time(self) -> float:
         return self.now
 
+    async def clock_sample(self) -> tuple[float, float]:
+        """The server's time and this host's monotonic time at the middle of the round trip
+        that asked for it."""
+        sent = time.monotonic()
+        await self.read_clock()
+        return self.now, (sent + time.monotonic()) / 2
+
     async def conclude(self, channel: str) -> None:
         await self.gates.flush()
         if self._ledger:  # last, in key order: the ledger's rows are the hottest
@@ -1140,7 +1163,18 @@ class _Transaction:
         not undo the others."""
         await self.prepare(outcomes)
         results: list[HeadraceError | None] = []
+        plain: list[TaskRecord] = []  # plain successes not written yet, in batch order
         for lease, outcome in outcomes:
+            if _plain_success(outcome) and lease.task_id in self._held:
+                task = self._held.pop(lease.task_id)
+                if _holds(task, lease.token, self.now):
+                    await self.succeed_plain(task, outcome)
+                    plain.append(task)
+                    results.append(None)
+                else:
+                    results.append(LeaseLost(lease.task_id))
+                continue
+            await self.write_successes(plain)  # before this outcome, as in batch order
             before, ledger = self.gates.snapshot(), dict(self._ledger)
             try:
                 async with self.conn.transaction():
@@ -1152,7 +1186,27 @@ class _Transaction:
                 results.append(error)
             else:
                 results.append(None)
+        await self.write_successes(plain)
         return results
+
+    async def succeed_plain(self, task: TaskRecord, outcome: Outcome) -> None:
+        """A success without successors, held and checked: nothing in it can be refused, so it
+        needs no savepoint; its rows are written with its neighbours' by `write_successes`."""
+        assert isinstance(outcome, Succeeded)
+        await self.lock_gates_for(task, ())
+        await self.release(task.id, delete=False)
+        units = outcome.cost if outcome.cost is not None else task.cost
+        entry = (task.group or "", task.kind)
+        self._ledger[entry] = self._ledger.get(entry, 0.0) + units
+        self.wake = True
+
+    async def write_successes(self, tasks: list[TaskRecord]) -> None:
+        """The rows of a run of plain successes, in one statement (as `succeed_task` each)."""
+        if tasks:
+            ids = [task.id for task in tasks]
+            numbers = [task.attempt for task in tasks]
+            await self.run("succeed_tasks", ids=ids, numbers=numbers)
+            tasks.clear()
 
     async def lock_gates_for(self, task: TaskRecord, penalized: Sequence[str]) -> None:
         """Lock the gates an outcome touches (the task's tickets and those it penalises) in
@@ -1370,6 +1424,10 @@ def _declared(
             gating.resolve(name, configs)
             declared.append(name)
     return declared
+
+
+def _plain_success(outcome: Outcome) -> bool:
+    return isinstance(outcome, Succeeded) and not outcome.successors
 
 
 def _holds(task: TaskRecord, token: int, now: float) -> bool:

@@ -381,6 +381,39 @@ SET state = 'succeeded', finished_at = %(now)s::double precision, lease_until = 
     error_code = NULL
 WHERE id = %(id)s::bigint;
 
+-- name: succeed_tasks
+-- `succeed_task` for distinct held tasks at once (a dependent waiting on k of them counts k met).
+WITH done AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(numbers)s::integer[]) AS d (id, number)
+), ended AS (
+    UPDATE attempts AS a
+    SET ended_at = %(now)s::double precision, outcome = 'succeeded', error_class = NULL,
+        code = NULL, message = NULL
+    FROM done
+    WHERE a.task_id = done.id AND a.number = done.number AND a.outcome IN ('running', 'waiting')
+), returned AS (
+    DELETE FROM tickets WHERE task_id = ANY(%(ids)s::bigint[])
+), met AS (
+    SELECT task_id, count(*)::integer AS n FROM task_deps
+    -- a running task of the batch waits on nothing unmet: no row is updated twice
+    WHERE dep_id = ANY(%(ids)s::bigint[]) AND task_id <> ALL(%(ids)s::bigint[])
+    GROUP BY task_id
+), unblocked AS (
+    UPDATE tasks AS t
+    SET unmet = t.unmet - met.n,
+        state = CASE WHEN t.unmet = met.n AND t.state = 'pending' THEN 'ready' ELSE t.state END,
+        ready_since = CASE
+            WHEN t.unmet = met.n AND t.state = 'pending' THEN %(now)s::double precision
+            ELSE t.ready_since
+        END
+    FROM met
+    WHERE t.id = met.task_id
+)
+UPDATE tasks
+SET state = 'succeeded', finished_at = %(now)s::double precision, lease_until = NULL,
+    error_code = NULL
+WHERE id = ANY(%(ids)s::bigint[]);
+
 -- name: add_to_ledger
 -- Add succeeded tasks' units to their group's ledger.
 INSERT INTO ledger (grp, kind, units)
