@@ -119,6 +119,10 @@ POOL_TIMEOUT = 5.0
 RECONNECT_TIMEOUT = POOL_TIMEOUT
 # Seconds between attempts to reopen a dropped LISTEN connection: the first, and the most.
 LISTEN_RETRY = (0.1, 5.0)
+# Seconds of store time a store's claims go without reaping expired leases and aging low tasks
+# after one that did: an expiry or an aging step is seen this much later at most, and a busy
+# worker's claims skip two statements and a round trip.
+SWEEP_EVERY = 0.1
 # Seconds `now()` reuses the server's last answer, moved on by the host's monotonic clock.
 CLOCK_REUSE = 1.0
 # Tries of one verb that met a deadlock, a serialization failure or a racing idempotency key.
@@ -162,6 +166,7 @@ class PostgresStore:
         self._pool: AsyncConnectionPool[Connection] | None = None
         self._server_clock: tuple[float, float] | None = None  # (server time, monotonic then)
         self._last_now = -math.inf
+        self._swept_at = -math.inf  # store time of this store's last claim that reaped and aged
         self._listener = _Listener(
             _named(dsn, f"headrace-listen/{schema}"), self._compose("listen")
         )
@@ -246,7 +251,15 @@ class PostgresStore:
         self, worker: str, limit: int, *, lease_for: float, kinds: Collection[str] | None = None
     ) -> ClaimResult:
         wanted = _kinds(kinds)
-        return await self._write(lambda tx: tx.claim(worker, limit, lease_for, wanted))
+
+        async def verb(tx: _Transaction) -> tuple[ClaimResult, bool]:
+            result = await tx.claim(worker, limit, lease_for, wanted, swept_at=self._swept_at)
+            return result, tx.swept
+
+        result, swept = await self._write(verb)
+        if swept:
+            self._swept_at = result.now
+        return result
 
     async def claim_polls(
         self, worker: str, limit: int, *, lease_for: float, kinds: Collection[str] | None = None
@@ -688,6 +701,7 @@ class _Transaction:
         self.now = -math.inf
         self.gates = _GateRows(self)
         self.wake = False  # notify listeners when this transaction commits
+        self.swept = False  # this claim reaped expired leases and aged low tasks
         self._virtual_time: float | None = None
         self._dispatches: int | None = None
         self._served: dict[str, int] = {}
@@ -888,14 +902,24 @@ class _Transaction:
     # -- claiming
 
     async def claim(
-        self, worker: str, limit: int, lease_for: float, kinds: list[str] | None
+        self,
+        worker: str,
+        limit: int,
+        lease_for: float,
+        kinds: list[str] | None,
+        *,
+        swept_at: float = -math.inf,
     ) -> ClaimResult:
+        """`swept_at`: when this store last reaped expired leases and aged low tasks in a claim;
+        it does so again once SWEEP_EVERY of store time has passed (or the clock went back)."""
         later = await self.send("next_ready_run_at")  # reaping and leasing cannot change it
         self._counters = await self.send("meta_values")
-        aging = await self.send_aging()
-        if await self.reap():
-            aging = await self.send_aging()  # tasks made ready again may age as well
-        await self.age(aging)
+        if not swept_at <= self.now < swept_at + SWEEP_EVERY:
+            self.swept = True
+            aging = await self.send_aging()
+            if await self.reap():
+                aging = await self.send_aging()  # tasks made ready again may age as well
+            await self.age(aging)
         chosen: list[TaskRecord] = []
         excluded: set[str] = set()
         book: GateBook | None = None
