@@ -243,7 +243,7 @@ class PostgresStore:
         self, tasks: Sequence[NewTask], *, bounds: Mapping[str, int] | None = None
     ) -> list[Submitted]:
         batch, limits = tuple(tasks), dict(bounds or {})
-        return await self._write(lambda tx: tx.submit(batch, limits))
+        return await self._write(lambda tx: tx.submit(batch, limits), clock_first=False)
 
     # -- claiming
 
@@ -778,14 +778,52 @@ class _Transaction:
     # -- submission
 
     async def submit(self, tasks: Sequence[NewTask], bounds: Mapping[str, int]) -> list[Submitted]:
-        states = await self.check_batch(tasks)
-        existing = await self.ids_for_keys(tasks)
-        await self.check_bounds(tasks, bounds, existing)
-        return await self.create(tasks, states, existing)
+        if not tasks or any(task.kind in bounds for task in tasks):
+            await self.read_clock()
+            states = await self.check_batch(tasks)
+            existing = await self.ids_for_keys(tasks)
+            await self.check_bounds(tasks, bounds, existing)
+            return await self.create(tasks, states, existing)
+        return await self.submit_unbounded(tasks)
+
+    async def submit_unbounded(self, tasks: Sequence[NewTask]) -> list[Submitted]:
+        """A batch no bound counts, in one round trip before the insert: the tasks it depends on
+        held (FOR SHARE), its keys looked up, ids drawn (one per task, a few maybe unused), its
+        flows locked, the counters read, then the clock (once those locks are held)."""
+        named = self.named_dependencies(tasks)
+        shared = await self.send("share_tasks", ids=sorted(set(named))) if named else None
+        keys = sorted({task.key for task in tasks if task.key is not None})
+        keyed = await self.send("task_ids_by_keys", keys=keys) if keys else None
+        drawn = await self.send("next_task_ids", n=len(tasks))
+        flows = sorted({task.flow for task in tasks})
+        await self.run("add_flows", flows=flows)
+        locked = await self.send("lock_flows", flows=flows)
+        self._counters = await self.send("meta_values")
+        time = await self.send_clock()
+        rows = await shared.fetchall() if shared is not None else []
+        states = {int(row["id"]): TaskState(row["state"]) for row in rows}
+        for dep in named:
+            if dep not in states:
+                raise UnknownTask(dep)
+        rows = await keyed.fetchall() if keyed is not None else []
+        existing = {row["key"]: int(row["id"]) for row in rows}
+        ids = [int(row["id"]) for row in await drawn.fetchall()]
+        finish = {row["flow"]: float(row["finish_tag"]) for row in await locked.fetchall()}
+        await self.read_clock(time)
+        return await self.create(tasks, states, existing, ids=ids, finish=finish)
 
     async def check_batch(self, tasks: Sequence[NewTask]) -> dict[int, TaskState]:
         """Refuse a batch naming an unknown gate or task; hold the tasks it depends on still
         (FOR SHARE) and return their states."""
+        named = self.named_dependencies(tasks)
+        states = await self.dependency_states(named)
+        for dep in named:
+            if dep not in states:
+                raise UnknownTask(dep)
+        return states
+
+    def named_dependencies(self, tasks: Sequence[NewTask]) -> list[int]:
+        """The task ids a batch depends on; an unknown gate or a later sibling is refused."""
         named: list[int] = []
         for index, task in enumerate(tasks):
             for name in task.gates:
@@ -795,11 +833,7 @@ class _Transaction:
                     named.append(dep)
                 elif not 0 <= dep.index < index:
                     raise ConfigError(f"task.after: sibling {dep.index} is not earlier")
-        states = await self.dependency_states(named)
-        for dep in named:
-            if dep not in states:
-                raise UnknownTask(dep)
-        return states
+        return named
 
     async def dependency_states(self, ids: Iterable[int]) -> dict[int, TaskState]:
         wanted = sorted(set(ids))
@@ -836,23 +870,29 @@ class _Transaction:
         tasks: Sequence[NewTask],
         states: dict[int, TaskState],
         existing: Mapping[str, int],
+        *,
+        ids: Sequence[int] | None = None,
+        finish: dict[str, float] | None = None,
     ) -> list[Submitted]:
-        """Create the batch's new tasks (a known key names its task instead) in one statement."""
+        """Create the batch's new tasks (a known key names its task instead) in one statement.
+        `ids` drawn already (at least one per new task); `finish`: the flows locked already."""
         if not tasks:
             return []
         fresh = _first_of_each_key(tasks, existing)
-        ids = iter([int(row["id"]) for row in await self.rows("next_task_ids", n=len(fresh))])
+        if ids is None:
+            ids = [int(row["id"]) for row in await self.rows("next_task_ids", n=len(fresh))]
+        fresh_ids = iter(ids)
         keyed = dict(existing)
         results: list[Submitted] = []
         for index, task in enumerate(tasks):
             if index not in fresh:
                 results.append(Submitted(keyed[task.key or ""], created=False))
                 continue
-            results.append(Submitted(next(ids), created=True))
+            results.append(Submitted(next(fresh_ids), created=True))
             if task.key is not None:
                 keyed[task.key] = results[-1].id
         if fresh:
-            await self.insert(tasks, results, states, fresh)
+            await self.insert(tasks, results, states, fresh, finish)
         return results
 
     async def insert(
@@ -861,13 +901,14 @@ class _Transaction:
         results: Sequence[Submitted],
         states: dict[int, TaskState],
         fresh: Collection[int],
+        finish: dict[str, float] | None = None,
     ) -> None:
         created = {results[index].id for index in fresh}
         afters = [_resolved(task, results) for task in tasks]
         others = {dep for after in afters for dep in after} - created - states.keys()
         states.update(await self.dependency_states(others))
         planned = [_plan(results[i].id, tasks[i], afters[i], states) for i in sorted(fresh)]
-        await self.tag(planned)
+        await self.tag(planned, finish)
         inserted = await self.rows("insert_tasks", **_insert_params(planned, self.now))
         if len(inserted) < len(planned):
             raise _KeyRace
@@ -879,14 +920,17 @@ class _Transaction:
             await self.cancel_tree(failed.id, UPSTREAM_FAILED)
         self.wake = self.wake or any(not p.unmet for p in planned)
 
-    async def tag(self, planned: Sequence[_Planned]) -> None:
-        """Start tags for new tasks, in batch order; their flows' rows are locked in name order."""
+    async def tag(self, planned: Sequence[_Planned], locked: dict[str, float] | None) -> None:
+        """Start tags for new tasks, in batch order; their flows' rows are locked in name order
+        (`locked`: already, with their finish tags)."""
         flows = sorted({p.task.flow for p in planned})
-        await self.run("add_flows", flows=flows)
-        locked = await self.send("lock_flows", flows=flows)  # held already after `prepare`
-        if self._virtual_time is None:
-            self._counters = await self.send("meta_values")
-        finish = {row["flow"]: float(row["finish_tag"]) for row in await locked.fetchall()}
+        if locked is None:
+            await self.run("add_flows", flows=flows)
+            found = await self.send("lock_flows", flows=flows)  # held already after `prepare`
+            if self._virtual_time is None:
+                self._counters = await self.send("meta_values")
+            locked = {row["flow"]: float(row["finish_tag"]) for row in await found.fetchall()}
+        finish = {flow: locked[flow] for flow in flows}
         virtual_time = await self.virtual_time()
         for p in planned:
             tagged = fairness.tag(virtual_time, finish[p.task.flow], p.task.weight)
