@@ -714,3 +714,8 @@ async def test_a_retry_that_ages_while_it_waits_is_claimed_once(
     await store.finish(lease, Retry(boom(), delay=AGING_STEP + 1))
     clock.advance(AGING_STEP + 1)
     assert refs(await claim(store, 5)) == ["low"]
+
+
+def test_a_gate_named_twice_is_refused() -> None:
+    with pytest.raises(ConfigError, match="session:a named more than once"):
+        task("a", gates=("session:a", "provider:video", "session:a"))

@@ -52,7 +52,8 @@ class Store(Protocol):
         self, worker: str, limit: int, *, lease_for: float, kinds: Collection[str] | None = None
     ) -> ClaimResult:
         """Lease up to `limit` ready tasks in (tier, tag) order whose gates all admit them;
-        a refusing gate skips only its task. Expired leases are reaped first."""
+        a refusing gate skips only its task. Expired leases are reaped before candidates are
+        read (a store may do it at most every few milliseconds of its clock)."""
         ...
 
     async def claim_polls(

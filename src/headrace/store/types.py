@@ -68,6 +68,9 @@ class NewTask:
                 raise ConfigError(f"task.{name}: expected a non-empty string, got {value!r}")
         if self.key is not None and (not isinstance(self.key, str) or not self.key):
             raise ConfigError(f"task.key: expected a non-empty string or None, got {self.key!r}")
+        if len(set(self.gates)) != len(self.gates):
+            twice = sorted({g for g in self.gates if self.gates.count(g) > 1})
+            raise ConfigError(f"task.gates: {', '.join(twice)} named more than once")
         if len(self.ref) > 512:
             raise ConfigError("task.ref: a stable record id, at most 512 characters")
         if isinstance(self.max_attempts, bool) or self.max_attempts < 1:
