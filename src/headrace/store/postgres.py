@@ -3,7 +3,8 @@
 Every verb is one transaction on a connection from an async pool (psycopg 3). Dispatch state
 lives in tables, so a gate's cap and rate, fair tags and leases hold across every process:
 
-- A claim reaps expired leases, ages low tasks, then reads ready candidates in `(tier, tag, id)`
+- A claim reaps expired leases and ages low tasks (a store's claims do so once per
+  SWEEP_EVERY of store time, not each one), then reads ready candidates in `(tier, tag, id)`
   order a batch at a time with `FOR UPDATE SKIP LOCKED` (claims never wait on each other's
   tasks), locks the rows of the gates those candidates need in name order, and feeds
   `GateBook` through `take_turns`, as the other stores do. It then writes the gate states,
@@ -16,6 +17,10 @@ lives in tables, so a gate's cap and rate, fair tags and leases hold across ever
 - Time: with no clock given, every lease, run_at and gate time is the server's
   `clock_timestamp()` read in the transaction (again after waiting for gate rows), so hosts with
   skewed clocks agree. A test passes a clock and its value is used instead, in the same SQL.
+  `now()` asks the server at most once per CLOCK_REUSE and moves that answer on by the host's
+  monotonic clock in between (a worker asks for every task it starts).
+- Outcomes: a batch's plain successes (no successors) are written by one set-based statement;
+  any other outcome runs in a savepoint of its own.
 - Every write by a lease holder checks its token and `lease_until > now` on the locked task row;
   a stale holder gets `LeaseLost`.
 - `submit`, and outcomes that make tasks ready or return tickets, `NOTIFY` the store's channel
