@@ -53,7 +53,7 @@ class Store(Protocol):
     ) -> ClaimResult:
         """Lease up to `limit` ready tasks in (tier, tag) order whose gates all admit them;
         a refusing gate skips only its task. Expired leases are reaped before candidates are
-        read (a store may do it at most every few milliseconds of its clock)."""
+        read (a store may do it at most every 100 ms of its clock)."""
         ...
 
     async def claim_polls(
