@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import multiprocessing
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,6 @@ import pytest
 from headrace.policy import GateConfig, Rate
 from headrace.store.postgres import PostgresStore
 from headrace.store.types import (
-    Attempt,
     AttemptOutcome,
     AwaitRemote,
     ClaimResult,
@@ -38,6 +36,8 @@ from headrace.store.types import (
 )
 from tests.conformance.conftest import drop_schemas, postgres_reachable
 
+from .gatecheck import most_in_flight, most_starts_in_a_window, run_processes
+
 pytestmark = [pytest.mark.anyio, pytest.mark.realtime]
 
 GATE = GateConfig("provider:video", concurrency=2, rate=Rate(5, per=0.4))
@@ -47,8 +47,6 @@ PROCESSES = 2
 WORKERS_PER_PROCESS = 2
 HOLD = 0.03  # seconds a worker keeps each task
 KEYS = 40
-# Store times are floats; a start exactly one window after another may round either way.
-EPSILON = 1e-6
 
 
 @pytest.fixture
@@ -143,46 +141,6 @@ def start_remote_job(url: str, barrier: Barrier) -> None:
             await store.close()
 
     asyncio.run(run())
-
-
-def run_processes(target: Callable[..., None], args: Sequence[tuple[str, ...]]) -> list[int | None]:
-    """Run `target(*args[i], barrier)` in one spawned process per entry; their exit codes."""
-    context = multiprocessing.get_context("spawn")
-    barrier = context.Barrier(len(args))
-    processes = [context.Process(target=target, args=(*each, barrier)) for each in args]
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join(timeout=60)
-        if process.is_alive():
-            process.kill()
-            process.join()
-    codes = [process.exitcode for process in processes]
-    for process in processes:
-        process.close()
-    return codes
-
-
-# -- checks over the attempt history
-
-
-def most_in_flight(history: list[Attempt]) -> int:
-    """The most attempts holding a ticket at any grant time (a release at t frees t)."""
-    return max(
-        sum(1 for other in history if other.started_at <= a.started_at < _ended(other))
-        for a in history
-    )
-
-
-def most_starts_in_a_window(history: list[Attempt], window: float) -> int:
-    """The most grants in any window of `window` seconds ending at a grant."""
-    starts = [a.started_at for a in history]
-    return max(sum(1 for s in starts if t - window + EPSILON < s <= t) for t in starts)
-
-
-def _ended(attempt: Attempt) -> float:
-    assert attempt.ended_at is not None
-    return attempt.ended_at
 
 
 # -- the tests
