@@ -719,3 +719,10 @@ async def test_a_retry_that_ages_while_it_waits_is_claimed_once(
 def test_a_gate_named_twice_is_refused() -> None:
     with pytest.raises(ConfigError, match="session:a named more than once"):
         task("a", gates=("session:a", "provider:video", "session:a"))
+
+
+async def test_counts_by_kind(store: Store) -> None:
+    await store.submit([task("a", kind="image"), task("b", kind="image"), task("c", kind="scan")])
+    assert (await store.counts(kinds=["image"]))[TaskState.READY] == 2
+    assert (await store.counts(kinds=["scan", "none"]))[TaskState.READY] == 1
+    assert (await store.counts())[TaskState.READY] == 3

@@ -487,3 +487,24 @@ def test_a_gate_template_needs_its_field() -> None:
         upload.spec("u1")
     with pytest.raises(hr.ConfigError, match="unknown field"):
         upload.spec("u1", group="wedding", gates=["event:{contributor}"])
+
+
+async def test_drain_waits_only_for_its_own_kinds() -> None:
+    store = MemoryStore()
+    ours, theirs = hr.App("memory://", store=store), hr.App("memory://", store=store)
+
+    @ours.task()
+    async def mine(ctx: hr.Context, ref: str) -> None:
+        return None
+
+    @theirs.task()
+    async def other(ctx: hr.Context, ref: str) -> None:
+        return None
+
+    async with ours, theirs:
+        await mine.submit("a")
+        await other.submit("b")
+        await hr.Worker(ours).drain()
+        counts = await store.counts()
+    assert counts[TaskState.SUCCEEDED] == 1
+    assert counts[TaskState.READY] == 1

@@ -184,7 +184,7 @@ class Worker:
         return bool(self._running or self._polling)
 
     async def _finished(self) -> bool:
-        counts = await self.app.store.counts()
+        counts = await self.app.store.counts(kinds=list(self.app.definitions))
         return not any(counts[state] for state in ACTIVE)
 
     async def _fill(self) -> tuple[float | None, float | None]:

@@ -636,10 +636,11 @@ class MemoryStore:
             raise UnknownTask(task_id)
         return list(self._attempts.get(task_id, ()))
 
-    async def counts(self) -> dict[TaskState, int]:
+    async def counts(self, *, kinds: Collection[str] | None = None) -> dict[TaskState, int]:
         counts = dict.fromkeys(TaskState, 0)
         for task in self._tasks.values():
-            counts[task.state] += 1
+            if kinds is None or task.kind in kinds:
+                counts[task.state] += 1
         return counts
 
     async def groups(self) -> list[str]:

@@ -326,8 +326,9 @@ class PostgresStore:
     async def attempts(self, task_id: int) -> list[Attempt]:
         return await self._read(lambda tx: tx.attempts(task_id))
 
-    async def counts(self) -> dict[TaskState, int]:
-        return await self._read(lambda tx: tx.counts())
+    async def counts(self, *, kinds: Collection[str] | None = None) -> dict[TaskState, int]:
+        chosen = None if kinds is None else sorted(kinds)
+        return await self._read(lambda tx: tx.counts(chosen))
 
     async def groups(self) -> list[str]:
         return await self._read(lambda tx: tx.groups())
@@ -1458,8 +1459,8 @@ class _Transaction:
         await self.task(task_id)
         return [_attempt(found) for found in await self.rows("task_attempts", task_id=task_id)]
 
-    async def counts(self) -> dict[TaskState, int]:
-        return _by_state(await self.rows("count_by_state"))
+    async def counts(self, kinds: list[str] | None) -> dict[TaskState, int]:
+        return _by_state(await self.rows("count_by_state", kinds=kinds))
 
     async def groups(self) -> list[str]:
         return sorted(str(found["grp"]) for found in await self.rows("group_names"))

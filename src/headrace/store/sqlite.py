@@ -220,8 +220,9 @@ class SQLiteStore:
     async def attempts(self, task_id: int) -> list[Attempt]:
         return await self._read(lambda tx: tx.attempts(task_id))
 
-    async def counts(self) -> dict[TaskState, int]:
-        return await self._read(lambda tx: tx.counts())
+    async def counts(self, *, kinds: Collection[str] | None = None) -> dict[TaskState, int]:
+        chosen = None if kinds is None else json.dumps(sorted(kinds))
+        return await self._read(lambda tx: tx.counts(chosen))
 
     async def groups(self) -> list[str]:
         return await self._read(lambda tx: tx.groups())
@@ -800,8 +801,8 @@ class _Transaction:
         self.task(task_id)
         return [_attempt(found) for found in self.rows("task_attempts", task_id=task_id)]
 
-    def counts(self) -> dict[TaskState, int]:
-        return _by_state(self.rows("count_by_state"))
+    def counts(self, kinds: str | None) -> dict[TaskState, int]:
+        return _by_state(self.rows("count_by_state", kinds=kinds))
 
     def groups(self) -> list[str]:
         return sorted(str(found["grp"]) for found in self.rows("group_names"))

@@ -457,8 +457,10 @@ LIMIT %(limit)s::integer;
 SELECT * FROM attempts WHERE task_id = %(task_id)s::bigint ORDER BY number;
 
 -- name: count_by_state
--- How many tasks are in each state.
-SELECT state, count(*) AS n FROM tasks GROUP BY state;
+-- How many tasks are in each state, of the kinds given or all.
+SELECT state, count(*) AS n FROM tasks
+WHERE %(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[])
+GROUP BY state;
 
 -- name: group_names
 -- Every group that names at least one task.

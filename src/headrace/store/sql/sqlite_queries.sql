@@ -318,8 +318,10 @@ LIMIT :limit;
 SELECT * FROM attempts WHERE task_id = :task_id ORDER BY number;
 
 -- name: count_by_state
--- How many tasks are in each state.
-SELECT state, count(*) AS n FROM tasks GROUP BY state;
+-- How many tasks are in each state, of the kinds given (a JSON array) or all.
+SELECT state, count(*) AS n FROM tasks
+WHERE :kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds))
+GROUP BY state;
 
 -- name: group_names
 -- Every group that names at least one task.
