@@ -3,10 +3,12 @@ sliding-window rate judged by brute force, and spawning processes that start tog
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 from collections.abc import Callable, Sequence
 
-from headrace.store.types import Attempt
+from headrace.store.base import Store
+from headrace.store.types import Attempt, ClaimResult, Succeeded, TaskState
 
 # Store times are floats; a start exactly one window after another may round either way.
 EPSILON = 1e-6
@@ -47,3 +49,28 @@ def most_starts_in_a_window(history: list[Attempt], window: float) -> int:
 def ended(attempt: Attempt) -> float:
     assert attempt.ended_at is not None
     return attempt.ended_at
+
+
+async def claim_and_finish(store: Store, worker: str, hold: float) -> None:
+    """One worker's loop inside a test process: claim one task, hold it `hold` seconds,
+    succeed; until nothing is ready or running."""
+    while True:
+        result = await store.claim(worker, 1, lease_for=30.0)
+        for lease in result.leases:
+            await asyncio.sleep(hold)
+            await store.finish(lease, Succeeded())
+        if result.leases:
+            # Step back before claiming again, as a worker between loops does: a worker that
+            # reclaimed at once would win every race for the ticket it just released.
+            await asyncio.sleep(hold / 3)
+            continue
+        counts = await store.counts()
+        if not counts[TaskState.READY] and not counts[TaskState.RUNNING]:
+            return
+        await asyncio.sleep(pause(result))
+
+
+def pause(result: ClaimResult) -> float:
+    if result.wake_at is None:  # only a release can help: look again soon
+        return 0.01
+    return min(max(result.wake_at - result.now, 0.001), 0.05)

@@ -28,7 +28,6 @@ from headrace.store.postgres import PostgresStore
 from headrace.store.types import (
     AttemptOutcome,
     AwaitRemote,
-    ClaimResult,
     NewTask,
     Settings,
     Succeeded,
@@ -36,7 +35,12 @@ from headrace.store.types import (
 )
 from tests.conformance.conftest import drop_schemas, postgres_reachable
 
-from .gatecheck import most_in_flight, most_starts_in_a_window, run_processes
+from .gatecheck import (
+    claim_and_finish,
+    most_in_flight,
+    most_starts_in_a_window,
+    run_processes,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.realtime]
 
@@ -77,32 +81,11 @@ async def drain(url: str, name: str) -> None:
     store = PostgresStore.from_url(url)
     await store.open(SETTINGS)
     try:
-        await asyncio.gather(*(work(store, f"{name}/{i}") for i in range(WORKERS_PER_PROCESS)))
+        await asyncio.gather(
+            *(claim_and_finish(store, f"{name}/{i}", HOLD) for i in range(WORKERS_PER_PROCESS))
+        )
     finally:
         await store.close()
-
-
-async def work(store: PostgresStore, worker: str) -> None:
-    while True:
-        result = await store.claim(worker, 1, lease_for=30.0)
-        for lease in result.leases:
-            await asyncio.sleep(HOLD)
-            await store.finish(lease, Succeeded())
-        if result.leases:
-            # Step back before claiming again, as a worker between loops does: a worker that
-            # reclaimed at once would win every race for the ticket it just released.
-            await asyncio.sleep(HOLD / 3)
-            continue
-        counts = await store.counts()
-        if not counts[TaskState.READY] and not counts[TaskState.RUNNING]:
-            return
-        await asyncio.sleep(pause(result))
-
-
-def pause(result: ClaimResult) -> float:
-    if result.wake_at is None:  # only a release can help: look again soon
-        return 0.01
-    return min(max(result.wake_at - result.now, 0.001), 0.05)
 
 
 def submit_keys(url: str, out: str, barrier: Barrier) -> None:

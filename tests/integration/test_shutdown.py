@@ -47,19 +47,28 @@ def running(db: Path, n: int) -> bool:
     return counts(db)[TaskState.RUNNING] == n
 
 
+def signal_when_busy(env: dict[str, str], db: Path, grace: str, signals: int = 1) -> None:
+    """Start a 2-slot worker, SIGTERM it (`signals` times, half a second apart) once both slots
+    are busy, and require a clean exit."""
+    worker = start(env, "--slots", "2", "--grace", grace)
+    try:
+        wait_until(lambda: running(db, 2), 20, "two running tasks")
+        for n in range(signals):
+            if n:
+                time.sleep(0.5)
+            worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=20) == 0
+    finally:
+        stop(worker, signal.SIGKILL)
+
+
 def test_sigterm_lets_running_tasks_finish_and_claims_nothing_more(
     tmp_path: Path, env: dict[str, str]
 ) -> None:
     db = tmp_path / "slow.db"
     env["SLOW_SECONDS"] = "1.5"
     submit(4)
-    worker = start(env, "--slots", "2", "--grace", "20s")
-    try:
-        wait_until(lambda: running(db, 2), 20, "two running tasks")
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=20) == 0
-    finally:
-        stop(worker, signal.SIGKILL)
+    signal_when_busy(env, db, "20s")
     found = counts(db)
     assert found[TaskState.SUCCEEDED] == 2
     assert found[TaskState.READY] == 2
@@ -72,13 +81,7 @@ def test_past_the_grace_period_running_tasks_are_handed_back(
     db = tmp_path / "slow.db"
     env["SLOW_SECONDS"] = "600"
     submit(2)
-    worker = start(env, "--slots", "2", "--grace", "0.5s")
-    try:
-        wait_until(lambda: running(db, 2), 20, "two running tasks")
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=20) == 0
-    finally:
-        stop(worker, signal.SIGKILL)
+    signal_when_busy(env, db, "0.5s")
     tasks = read(db, lambda store: store.tasks())
     assert {t.state for t in tasks} == {TaskState.READY}
     assert {t.error_code for t in tasks} == {"interrupted"}
@@ -90,14 +93,6 @@ def test_a_second_signal_does_not_wait_for_the_grace_period(
     db = tmp_path / "slow.db"
     env["SLOW_SECONDS"] = "600"
     submit(2)
-    worker = start(env, "--slots", "2", "--grace", "120s")
-    try:
-        wait_until(lambda: running(db, 2), 20, "two running tasks")
-        worker.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=20) == 0
-    finally:
-        stop(worker, signal.SIGKILL)
+    signal_when_busy(env, db, "120s", signals=2)
     tasks = read(db, lambda store: store.tasks())
     assert {t.state for t in tasks} == {TaskState.READY}

@@ -22,14 +22,17 @@ from headrace.policy import GateConfig, Rate, StoreError
 from headrace.store.sqlite import SQLiteStore
 from headrace.store.types import (
     AttemptOutcome,
-    ClaimResult,
     NewTask,
     Settings,
-    Succeeded,
     TaskState,
 )
 
-from .gatecheck import most_in_flight, most_starts_in_a_window, run_processes
+from .gatecheck import (
+    claim_and_finish,
+    most_in_flight,
+    most_starts_in_a_window,
+    run_processes,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.realtime]
 
@@ -79,33 +82,10 @@ async def drain(path: Path, name: str) -> None:
     store = SQLiteStore(path)
     await store.open(SETTINGS)
     try:
-        workers = (work(store, f"{name}/{i}") for i in range(WORKERS_PER_PROCESS))
+        workers = (claim_and_finish(store, f"{name}/{i}", HOLD) for i in range(WORKERS_PER_PROCESS))
         await asyncio.gather(*workers)
     finally:
         await store.close()
-
-
-async def work(store: SQLiteStore, worker: str) -> None:
-    while True:
-        result = await store.claim(worker, 1, lease_for=30.0)
-        for lease in result.leases:
-            await asyncio.sleep(HOLD)
-            await store.finish(lease, Succeeded())
-        if result.leases:
-            # Step back before claiming again, as a worker between loops does: a worker that
-            # reclaimed at once would win every race for the ticket it just released.
-            await asyncio.sleep(HOLD / 3)
-            continue
-        counts = await store.counts()
-        if not counts[TaskState.READY] and not counts[TaskState.RUNNING]:
-            return
-        await asyncio.sleep(pause(result))
-
-
-def pause(result: ClaimResult) -> float:
-    if result.wake_at is None:  # only a release can help: look again soon
-        return 0.01
-    return min(max(result.wake_at - result.now, 0.001), 0.05)
 
 
 async def test_two_processes_never_exceed_one_gate(tmp_path: Path) -> None:
