@@ -104,4 +104,6 @@ def test_a_server_restart_mid_run_loses_nothing(url: str, monkeypatch: pytest.Mo
     lost = [a for a in attempts if a.outcome is not AttemptOutcome.SUCCEEDED]
     assert all(a.outcome is AttemptOutcome.LEASE_EXPIRED for a in lost)
     for name in ("w0", "w1"):
-        assert busiest(attempts, name, restarted_at) == SLOTS  # every slot works again
+        # Every slot works again. An attempt stays open until its outcome is written, which a
+        # slot's next attempt may overlap: up to twice as many open at once, never more.
+        assert SLOTS <= busiest(attempts, name, restarted_at) <= 2 * SLOTS

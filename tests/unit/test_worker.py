@@ -440,6 +440,48 @@ async def test_a_store_outage_delays_work_and_loses_nothing(
     assert record.attempt == 1
 
 
+class HeldOutcomes(MemoryStore):
+    """A memory store whose outcome writes wait until `written` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = asyncio.Event()
+
+    async def finish_many(self, outcomes: Sequence[tuple[Lease, Outcome]]) -> Any:
+        await self.written.wait()
+        return await super().finish_many(outcomes)
+
+
+async def test_a_slot_runs_its_next_task_while_the_outcome_is_written() -> None:
+    store = HeldOutcomes()
+    app = hr.App("memory://", store=store)
+    started: list[str] = []
+
+    @app.task(gates=["g"])
+    async def work(ctx: hr.Context, ref: str) -> None:
+        started.append(ref)
+
+    app.gate("g", concurrency=3)
+    async with app:
+        await app.submit([work.spec(f"t{i}") for i in range(10)])
+        worker = hr.Worker(app, slots=2)
+        draining = asyncio.create_task(worker.drain())
+        await asyncio.sleep(5)
+        # Two handlers returned, their slots took two more; those wait too: claiming stops.
+        # Until written, outcomes keep their leases, and their tickets hold the gate's cap.
+        assert len(started) == 3
+        counts = await app.store.counts()
+        assert counts[TaskState.RUNNING] == 3
+        assert worker.stats.peak_busy == 2
+        store.written.set()
+        stats = await draining
+        [gate] = await app.store.gate_statistics()
+    assert sorted(started) == sorted(f"t{i}" for i in range(10))
+    assert stats.succeeded == 10
+    assert stats.peak_busy == 2
+    assert gate.peak_in_flight == 3
+
+
 async def test_a_bare_decorator_and_retry_options_keep_what_was_given() -> None:
     app = hr.App("memory://")
 

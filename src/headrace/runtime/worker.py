@@ -107,6 +107,7 @@ class Worker:
         self.stats = WorkerStats()
         self._running: dict[int, asyncio.Task[None]] = {}
         self._polling: dict[int, asyncio.Task[None]] = {}
+        self._recording: dict[int, asyncio.Task[None]] = {}  # outcomes being written, no slot
         self._leases: dict[int, Lease] = {}
         self._wake = asyncio.Event()
         self._stopping = False
@@ -181,18 +182,20 @@ class Worker:
 
     @property
     def _busy(self) -> bool:
-        return bool(self._running or self._polling)
+        return bool(self._running or self._polling or self._recording)
 
     async def _finished(self) -> bool:
         counts = await self.app.store.counts(kinds=list(self.app.definitions))
         return not any(counts[state] for state in ACTIVE)
 
-    async def _fill(self) -> tuple[float | None, float | None]:
+    async def _fill(self) -> tuple[float | None, float]:
         """Claim work for free slots and remote checks that are due; return when to look again
         (store time) and the store's time now."""
         kinds = list(self.app.definitions)
         claimed = None
-        if len(self._running) < self.slots:
+        # A slot frees when its handler returns; the outcome is written meanwhile (group
+        # commit), but no more than `slots` outcomes wait to be written at once.
+        if len(self._running) < self.slots and len(self._recording) <= self.slots:
             free = self.slots - len(self._running)
             claimed = await self.app.store.claim(
                 self.name, free, lease_for=self.lease_for, kinds=kinds
@@ -201,17 +204,18 @@ class Worker:
                 self._start(lease, self._running, self._execute)
             self.stats.claimed += len(claimed.leases)
             self.stats.peak_busy = max(self.stats.peak_busy, len(self._running))
-        polls = await self._fill_polls(kinds, claimed.now if claimed else None)
+        now = claimed.now if claimed else await self.app.store.now()
+        polls = await self._fill_polls(kinds, now)
         wake_at = earliest(claimed.wake_at if claimed else None, self._poll_due)
-        return wake_at, _now(claimed, polls)
+        return wake_at, polls.now if polls else now
 
-    async def _fill_polls(self, kinds: list[str], now: float | None) -> ClaimResult | None:
+    async def _fill_polls(self, kinds: list[str], now: float) -> ClaimResult | None:
         # Ask only when a check may be due: the store said when, this worker just left a task
         # waiting (poll_due None), or `idle` passed (another process may have done so).
         if len(self._polling) >= self.poll_slots:
             return None
         due = self._poll_due
-        if now is not None and due is not None and now < min(due, self._polled_at + self.idle):
+        if due is not None and now < min(due, self._polled_at + self.idle):
             return None
         free = self.poll_slots - len(self._polling)
         polls = await self.app.store.claim_polls(
@@ -237,6 +241,7 @@ class Worker:
 
         def done(_: asyncio.Task[None]) -> None:
             registry.pop(lease.task_id, None)
+            self._recording.pop(lease.task_id, None)
             self._leases.pop(lease.task_id, None)
             self._wake.set()
 
@@ -277,7 +282,16 @@ class Worker:
         except Exception as error:  # a handler bug: retried like a transient failure
             self._note_crash(error)
             outcome = self._failed(lease, definition, _unexpected(error))
+        self._slot_freed(lease.task_id, self._running)
         await self._finish(lease, outcome)
+
+    def _slot_freed(self, task_id: int, registry: dict[int, asyncio.Task[None]]) -> None:
+        """The handler is done: its slot takes new work while its outcome is written (the lease
+        and the gate tickets stay held until then)."""
+        task = registry.pop(task_id, None)
+        if task is not None:
+            self._recording[task_id] = task
+            self._wake.set()
 
     @staticmethod
     async def _call(definition: TaskDefinition, ctx: Context) -> object:
@@ -404,6 +418,7 @@ class Worker:
         except Exception as error:
             self._note_crash(error)
             outcome = self._failed(lease, definition, _unexpected(error))
+        self._slot_freed(lease.task_id, self._polling)
         await self._finish(lease, outcome)
 
     async def _check_remote(self, definition: TaskDefinition, ctx: Context) -> Outcome:
@@ -451,7 +466,7 @@ class Worker:
     # -- shutdown
 
     async def _shutdown(self) -> None:
-        pending = {*self._running.values(), *self._polling.values()}
+        pending = {*self._running.values(), *self._polling.values(), *self._recording.values()}
         if not pending:
             return
         # Until every handler is done, the grace period is over, or a second signal says hurry.
@@ -490,7 +505,3 @@ class Worker:
 
 def _unexpected(error: Exception) -> TaskFailure:
     return Transient(f"{type(error).__name__}: {error}", code=type(error).__name__.lower())
-
-
-def _now(*results: ClaimResult | None) -> float | None:
-    return next((r.now for r in results if r is not None), None)

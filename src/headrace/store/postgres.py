@@ -171,6 +171,7 @@ class PostgresStore:
         self._pool: AsyncConnectionPool[Connection] | None = None
         self._server_clock: tuple[float, float] | None = None  # (server time, monotonic then)
         self._last_now = -math.inf
+        self._clock_question: asyncio.Task[tuple[float, float]] | None = None
         self._swept_at = -math.inf  # store time of this store's last claim that reaped and aged
         self._listener = _Listener(
             _named(dsn, f"headrace-listen/{schema}"), self._compose("listen")
@@ -232,11 +233,20 @@ class PostgresStore:
             return await self._read(_Transaction.current_time)
         local = time.monotonic()
         if self._server_clock is None or local - self._server_clock[1] >= CLOCK_REUSE:
-            self._server_clock = await self._read(_Transaction.clock_sample)
+            self._server_clock = await self._sample_clock()
             local = time.monotonic()
         server, at = self._server_clock
         self._last_now = max(self._last_now, server + (local - at))
         return self._last_now
+
+    async def _sample_clock(self) -> tuple[float, float]:
+        """One question to the server at a time: callers meanwhile share its answer."""
+        question = self._clock_question
+        if question is None or question.done():
+            question = asyncio.create_task(self._read(_Transaction.clock_sample))
+            question.add_done_callback(_retrieve)  # even when every caller was cancelled
+            self._clock_question = question
+        return await asyncio.shield(question)
 
     async def wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
         self._require_pool()
@@ -549,6 +559,11 @@ def _named(dsn: str, application_name: str) -> str:
     if "application_name" in conninfo_to_dict(dsn):
         return dsn
     return make_conninfo(dsn, application_name=application_name[:63])
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _first_line(exc: BaseException) -> str:

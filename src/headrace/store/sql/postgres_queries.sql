@@ -63,11 +63,11 @@ WITH RECURSIVE tree (id) AS (
     SELECT d.task_id FROM task_deps AS d JOIN tree ON d.dep_id = tree.id
 )
 SELECT * FROM tasks
-WHERE id IN (
+WHERE id = ANY(ARRAY(  -- the primary key, whatever the planner guesses of the set's size
     SELECT unnest(%(ids)s::bigint[])
     UNION SELECT id FROM tree
     UNION SELECT task_id FROM task_deps WHERE dep_id = ANY(%(succeeded)s::bigint[])
-)
+))
 ORDER BY id
 FOR UPDATE;
 
@@ -374,7 +374,7 @@ WITH ended AS (
             WHEN unmet = 1 AND state = 'pending' THEN %(now)s::double precision
             ELSE ready_since
         END
-    WHERE id IN (SELECT task_id FROM task_deps WHERE dep_id = %(id)s::bigint)
+    WHERE id = ANY(ARRAY(SELECT task_id FROM task_deps WHERE dep_id = %(id)s::bigint))
 )
 UPDATE tasks
 SET state = 'succeeded', finished_at = %(now)s::double precision, lease_until = NULL,
@@ -390,7 +390,8 @@ WITH done AS (
     SET ended_at = %(now)s::double precision, outcome = 'succeeded', error_class = NULL,
         code = NULL, message = NULL
     FROM done
-    WHERE a.task_id = done.id AND a.number = done.number AND a.outcome IN ('running', 'waiting')
+    WHERE a.task_id = ANY(%(ids)s::bigint[])
+      AND a.task_id = done.id AND a.number = done.number AND a.outcome IN ('running', 'waiting')
 ), returned AS (
     DELETE FROM tickets WHERE task_id = ANY(%(ids)s::bigint[])
 ), met AS (
@@ -407,7 +408,7 @@ WITH done AS (
             ELSE t.ready_since
         END
     FROM met
-    WHERE t.id = met.task_id
+    WHERE t.id = ANY(ARRAY(SELECT task_id FROM met)) AND t.id = met.task_id
 )
 UPDATE tasks
 SET state = 'succeeded', finished_at = %(now)s::double precision, lease_until = NULL,
