@@ -61,7 +61,7 @@ def postgres_tables(figures: PostgresFigures) -> list[Table]:
     for f in figures.throughput:
         ratio = f"{f.tasks_per_s / peer.tasks_per_s:.1f}x"
         rates.add_row(f.case, str(f.tasks), f"{f.seconds:.2f}", f"{f.tasks_per_s:,.0f}", ratio)
-    latency = Table(title="Enqueue -> start on an idle worker (producer is another App)")
+    latency = Table(title="Enqueue -> start on an idle worker (producer in another process)")
     for column in ("case", "samples", "p50 ms", "p99 ms"):
         latency.add_column(column, justify="left" if column == "case" else "right")
     for lat in figures.latency:

@@ -1,19 +1,22 @@
 """headrace on PostgreSQL against its peers on this machine, in one run:
 
 - no-op tasks/s: headrace-postgres, headrace-sqlite, and Procrastinate on the same server;
-- enqueue -> start latency p50/p99 on an idle system (the producer is another App, so the
-  worker learns of work from the store: LISTEN/NOTIFY on PostgreSQL, polling on SQLite);
+- enqueue -> start latency p50/p99 on an idle system (the producer is a process of its own, so
+  the worker learns of work from the store: LISTEN/NOTIFY on PostgreSQL, polling on SQLite);
 - claim latency with 10^3 and with 10^6 ready tasks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from multiprocessing.queues import Queue as QueueType
+from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 from typing import TypeVar
 
@@ -29,6 +32,7 @@ T = TypeVar("T")
 SERVER = "postgresql://postgres@127.0.0.1:5432"
 SLOTS = 16
 SUBMIT_BATCH = 1000
+PRODUCER_TIMEOUT = 30.0
 
 
 @dataclass(frozen=True)
@@ -138,37 +142,60 @@ async def procrastinate_rate(url: str, tasks: int) -> Rate:
 # -- latency
 
 
-def timing_app(url: str, started: dict[str, float], seen: asyncio.Event) -> hr.App:
+def timing_app(url: str, started: dict[str, float], seen: Callable[[], None]) -> hr.App:
     app = hr.App(url)
 
     @app.task(name="timed")
     async def timed(ctx: hr.Context, ref: str) -> None:
         started[ref] = time.time()
-        seen.set()
+        seen()
 
     return app
 
 
+def produce(url: str, samples: int, seen: EventType, sent: QueueType[dict[str, float]]) -> None:
+    """The producer process: submit one task at a time, each once the last one has started."""
+    asyncio.run(_produce(url, samples, seen, sent))
+
+
+async def _produce(
+    url: str, samples: int, seen: EventType, sent: QueueType[dict[str, float]]
+) -> None:
+    times: dict[str, float] = {}
+    producer = timing_app(url, {}, lambda: None)
+    async with producer:
+        timed = producer.definition("timed")
+        await timed.submit("warm-up")  # the pool's first connection, the statements prepared
+        await asyncio.to_thread(seen.wait, PRODUCER_TIMEOUT)
+        for n in range(samples):
+            await asyncio.sleep(0.01)
+            seen.clear()
+            times[f"t{n}"] = time.time()
+            await timed.submit(f"t{n}")
+            if not await asyncio.to_thread(seen.wait, PRODUCER_TIMEOUT):
+                raise TimeoutError(f"task t{n} did not start in {PRODUCER_TIMEOUT} s")
+    sent.put(times)
+
+
 async def enqueue_to_start(case: str, url: str, samples: int) -> Latency:
-    """Submit one task at a time from a second App (no in-process wake-up) to an idle worker."""
+    """An idle worker here; a producer in a process of its own submits one task at a time, so
+    the worker learns of each from the store (NOTIFY on PostgreSQL, the file on SQLite)."""
+    processes = multiprocessing.get_context("spawn")
+    seen, sent = processes.Event(), processes.Queue()
     started: dict[str, float] = {}
-    seen = asyncio.Event()
-    worker_app = timing_app(url, started, seen)
-    producer = timing_app(url, {}, asyncio.Event())
-    waits: list[float] = []
-    async with worker_app, producer:
+    worker_app = timing_app(url, started, seen.set)
+    async with worker_app:  # creates the schema before the producer starts
         worker = hr.Worker(worker_app, slots=SLOTS, idle="1s")
         running = asyncio.create_task(worker.run())
-        await asyncio.sleep(0.5)
-        for n in range(samples):
-            seen.clear()
-            sent = time.time()
-            await producer.definition("timed").submit(f"t{n}")
-            await seen.wait()
-            waits.append((started[f"t{n}"] - sent) * 1000)
-            await asyncio.sleep(0.01)
-        worker.stop()
-        await running
+        producer = processes.Process(target=produce, args=(url, samples, seen, sent))
+        producer.start()
+        try:
+            times: dict[str, float] = await asyncio.to_thread(sent.get, True, 60 + samples)
+        finally:
+            await asyncio.to_thread(producer.join, PRODUCER_TIMEOUT)
+            worker.stop()
+            await running
+    waits = [(started[ref] - at) * 1000 for ref, at in times.items()]
     return Latency(case, samples, _ms(waits, 0.5), _ms(waits, 0.99))
 
 

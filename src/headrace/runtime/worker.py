@@ -118,6 +118,7 @@ class Worker:
         self._poll_due: float | None = None  # store time the next remote check may be due
         self._polled_at = float("-inf")
         self._fail_fast = False
+        self._more = False  # the last claim filled every free slot
 
     # -- running
 
@@ -200,6 +201,8 @@ class Worker:
             claimed = await self.app.store.claim(
                 self.name, free, lease_for=self.lease_for, kinds=kinds
             )
+            # Every free slot filled: more may be ready, to claim as soon as a slot frees.
+            self._more = len(claimed.leases) >= free
             for lease in claimed.leases:
                 self._start(lease, self._running, self._execute)
             self.stats.claimed += len(claimed.leases)
@@ -240,10 +243,13 @@ class Worker:
         registry[lease.task_id] = task
 
         def done(_: asyncio.Task[None]) -> None:
-            registry.pop(lease.task_id, None)
+            # A slot freed now (not when its handler returned), or room for more outcomes.
+            freed_now = registry.pop(lease.task_id, None) is not None
+            room = len(self._recording) > self.slots
             self._recording.pop(lease.task_id, None)
             self._leases.pop(lease.task_id, None)
-            self._wake.set()
+            if freed_now or room:
+                self._wake.set()
 
         task.add_done_callback(done)
 
@@ -291,7 +297,8 @@ class Worker:
         task = registry.pop(task_id, None)
         if task is not None:
             self._recording[task_id] = task
-            self._wake.set()
+            if self._more or registry is self._polling:
+                self._wake.set()
 
     @staticmethod
     async def _call(definition: TaskDefinition, ctx: Context) -> object:

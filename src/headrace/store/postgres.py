@@ -137,11 +137,8 @@ URL_OPTIONS = ("schema", "pool_min", "pool_max")
 log = logging.getLogger(__name__)
 
 
-class _KeyRace(Exception):
-    """Another writer committed a task with a key this batch was about to create: try again."""
-
-
-_CONFLICTS = (pgerrors.DeadlockDetected, pgerrors.SerializationFailure, _KeyRace)
+_CONFLICTS = (pgerrors.DeadlockDetected, pgerrors.SerializationFailure)
+KEY_INDEX = "tasks_key"  # a unique violation on it: another writer took a key first
 
 
 class PostgresStore:
@@ -267,14 +264,18 @@ class PostgresStore:
     ) -> ClaimResult:
         wanted = _kinds(kinds)
 
-        async def verb(tx: _Transaction) -> tuple[ClaimResult, bool]:
-            result = await tx.claim(worker, limit, lease_for, wanted, swept_at=self._swept_at)
-            return result, tx.swept
+        # Reap expired leases and age low tasks once SWEEP_EVERY of store time has passed (or
+        # the clock went back), judged by the clock as this store last saw it.
+        seen = self.clock.now() if self.clock is not None else await self.now()
+        sweep = not self._swept_at <= seen < self._swept_at + SWEEP_EVERY
 
-        result, swept = await self._write(verb)
-        if swept:
-            self._swept_at = result.now
-        return result
+        async def verb(tx: _Transaction) -> _Claimed:
+            return await tx.claim(worker, limit, lease_for, wanted, sweep=sweep)
+
+        claimed = await self._write(verb, clock_first=False)  # the claim reads it in passing
+        if sweep:
+            self._swept_at = claimed.now
+        return await claimed.result()
 
     async def claim_polls(
         self, worker: str, limit: int, *, lease_for: float, kinds: Collection[str] | None = None
@@ -471,6 +472,10 @@ async def _translated(work: Awaitable[T]) -> T:
         raise
     except _CONFLICTS as exc:
         raise _Conflict from exc
+    except pgerrors.UniqueViolation as exc:
+        if exc.diag.constraint_name == KEY_INDEX:
+            raise _Conflict from exc
+        raise StoreError(f"postgres store: {_first_line(exc)}") from exc
     except psycopg.OperationalError as exc:
         raise StoreUnavailable(f"postgres store unavailable: {_first_line(exc)}") from exc
     except psycopg.Error as exc:
@@ -691,6 +696,26 @@ class _GateRows:
             self.changed.clear()
 
 
+@dataclass(frozen=True)
+class _Claimed:
+    """A claim's outcome, its leases read once the transaction committed (`leased`: the rows
+    `lease_tasks` returned, received with the commit)."""
+
+    leased: psycopg.AsyncCursor[DictRow] | None
+    ids: list[int]
+    until: float
+    now: float
+    wake_at: float | None
+
+    async def result(self) -> ClaimResult:
+        if self.leased is None:
+            return ClaimResult((), self.now, self.wake_at)
+        rows = await self.leased.fetchall()  # no round trip: the commit's sync brought them
+        held = {record.id: record for record in map(_record, rows)}
+        leases = (Lease(held[i], held[i].lease_token, self.until) for i in self.ids)
+        return ClaimResult(tuple(leases), self.now, self.wake_at)
+
+
 @dataclass
 class _Planned:
     """A task of a submitted batch that will be created."""
@@ -722,13 +747,13 @@ class _Transaction:
         self.now = -math.inf
         self.gates = _GateRows(self)
         self.wake = False  # notify listeners when this transaction commits
-        self.swept = False  # this claim reaped expired leases and aged low tasks
         self._virtual_time: float | None = None
         self._dispatches: int | None = None
         self._served: dict[str, int] = {}
         self._served_now: set[str] = set()
         self._tickets: dict[int, list[DictRow]] = {}  # ticket counts read, by task
         self._held: dict[int, TaskRecord] = {}  # tasks locked for outcomes, not yet written
+        self._dependents = False  # `prepare` locked tasks waiting on those outcomes
         self._ledger: dict[tuple[str, str], float] = {}  # units to add, by (group, kind)
         self._counters: psycopg.AsyncCursor[DictRow] | None = None  # meta_values, sent early
 
@@ -930,9 +955,9 @@ class _Transaction:
         states.update(await self.dependency_states(others))
         planned = [_plan(results[i].id, tasks[i], afters[i], states) for i in sorted(fresh)]
         await self.tag(planned, finish)
-        inserted = await self.rows("insert_tasks", **_insert_params(planned, self.now))
-        if len(inserted) < len(planned):
-            raise _KeyRace
+        # Not read before the commit: a key another writer took since `ids_for_keys` fails the
+        # transaction, and the next try finds that writer's task.
+        await self.run("insert_tasks", **_insert_params(planned, self.now))
         deps = [(dep, p.id) for p in planned for dep in p.unmet]
         if deps:
             dep_ids, task_ids = zip(*deps, strict=True)
@@ -973,35 +998,49 @@ class _Transaction:
         lease_for: float,
         kinds: list[str] | None,
         *,
-        swept_at: float = -math.inf,
-    ) -> ClaimResult:
-        """`swept_at`: when this store last reaped expired leases and aged low tasks in a claim;
-        it does so again once SWEEP_EVERY of store time has passed (or the clock went back)."""
-        later = await self.send("next_ready_run_at")  # reaping and leasing cannot change it
-        self._counters = await self.send("meta_values")
-        if not swept_at <= self.now < swept_at + SWEEP_EVERY:
-            self.swept = True
+        sweep: bool = True,
+    ) -> _Claimed:
+        """With `sweep`, reap expired leases and age low tasks first. The clock is read with
+        the first candidates (in the same round trip) unless the sweep needs it before."""
+        clock: psycopg.AsyncCursor[DictRow] | None = await self.send(
+            "claim_clock", clock=None if self._clock is None else self._clock.now()
+        )
+        if sweep:
+            await self.read_claim_clock(clock)
+            clock = None
             aging = await self.send_aging()
             if await self.reap():
                 aging = await self.send_aging()  # tasks made ready again may age as well
             await self.age(aging)
+        later = await self.send("next_ready_run_at")  # reaping and leasing cannot change it
+        self._counters = await self.send("meta_values")
         chosen: list[TaskRecord] = []
         excluded: set[str] = set()
         book: GateBook | None = None
         async with contextlib.aclosing(self.rounds(kinds, excluded, limit)) as rounds:
             async for candidates in rounds:
+                await self.read_claim_clock(clock)
+                clock = None
                 book = await self.open_book(book, candidates)
                 await self.load_counters()
                 self.admit(book, candidates, chosen, excluded, limit)
                 if len(chosen) >= limit:
                     break
+        await self.read_claim_clock(clock)
         book = book or GateBook(self.configs, self.gates.get, self.now)
         for name in book.changed:
             self.gates.put(name, book.states[name])
-        leases = await self.lease(chosen, worker, lease_for)
-        found = await later.fetchone()
+        found = await later.fetchone()  # answered with the candidates
         wake_at = earliest(book.wake_at(), found["at"] if found is not None else None)
-        return ClaimResult(tuple(leases), self.now, wake_at)
+        return await self.lease(chosen, worker, lease_for, wake_at)
+
+    async def read_claim_clock(self, sent: psycopg.AsyncCursor[DictRow] | None) -> None:
+        """The time `claim_clock` fixed for the claim's statements, once (None: read already)."""
+        if sent is not None:
+            found = await sent.fetchone()
+            if found is None:
+                raise StoreError("postgres store: claim_clock returned no row")
+            self.now = max(self.now, float(found["now"]))
 
     async def rounds(
         self, kinds: list[str] | None, excluded: set[str], limit: int
@@ -1089,26 +1128,30 @@ class _Transaction:
         self._served_now.add(task.flow)
 
     async def lease(
-        self, chosen: Sequence[TaskRecord], worker: str, lease_for: float
-    ) -> list[Lease]:
-        if not chosen:
-            return []
+        self, chosen: Sequence[TaskRecord], worker: str, lease_for: float, wake_at: float | None
+    ) -> _Claimed:
+        """Lease `chosen`; the leased rows are read once the transaction has committed (they
+        come back with the commit: one round trip for both)."""
         until = self.now + lease_for
+        if not chosen:
+            return _Claimed(None, [], until, self.now, wake_at)
         ids = [task.id for task in chosen]
         await self.run("lock_flows", flows=sorted(self._served_now))  # before the counters
-        found = await self.rows("lease_tasks", ids=ids, worker=worker, until=until)
-        leased = {record.id: record for record in map(_record, found)}
-        await self.save_turns(int(found[0]["dispatches"]))
-        return [Lease(leased[i], leased[i].lease_token, until) for i in ids]
+        leased = await self.send("lease_tasks", ids=ids, worker=worker, until=until)
+        await self.save_turns()
+        return _Claimed(leased, ids, until, self.now, wake_at)
 
-    async def save_turns(self, total: int) -> None:
-        """Number this claim's flows' turns after every dispatch counted before it (`total`
-        includes this claim's, and other claims' committed meanwhile); move the virtual time."""
-        offset = total - (self._dispatches or 0)
+    async def save_turns(self) -> None:
+        """Number this claim's flows' turns after every dispatch counted before it (the count
+        `lease_tasks` left, which includes this claim's and others' committed meanwhile, less
+        this claim's own count); move the virtual time."""
         flows = sorted(self._served_now)
-        served = [self._served[flow] + offset for flow in flows]
+        served = [self._served[flow] for flow in flows]
         virtual_time = self._virtual_time or 0.0
-        await self.run("save_turns", flows=flows, served=served, virtual_time=virtual_time)
+        base = self._dispatches or 0
+        await self.run(
+            "save_turns", flows=flows, served=served, base=base, virtual_time=virtual_time
+        )
 
     async def send_aging(self) -> psycopg.AsyncCursor[DictRow] | None:
         """Ready tasks below the aging ceiling that may have waited an aging step."""
@@ -1202,6 +1245,7 @@ class _Transaction:
         tickets = await self.send("ticket_counts_many", task_ids=ids)  # a lease
         held = {int(row["id"]): _record(row) for row in await locked.fetchall()}
         self._held = {task_id: held[task_id] for task_id in ids if task_id in held}
+        self._dependents = len(held) > len(self._held)  # some outcome's dependents, locked
         await self.read_clock(time)
         self._tickets.update({task_id: [] for task_id in ids})
         for found in await tickets.fetchall():
@@ -1287,7 +1331,8 @@ class _Transaction:
         units = outcome.cost if outcome.cost is not None else task.cost
         entry = (task.group or "", task.kind)
         self._ledger[entry] = self._ledger.get(entry, 0.0) + units
-        self.wake = True
+        # Listeners hear of it if tickets came back (`release`) or dependents may be ready.
+        self.wake = self.wake or self._dependents
 
     async def write_successes(self, tasks: list[TaskRecord]) -> None:
         """The rows of a run of plain successes, in one statement (as `succeed_task` each)."""

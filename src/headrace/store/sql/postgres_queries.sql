@@ -89,7 +89,7 @@ SELECT nextval(pg_get_serial_sequence('tasks', 'id')) AS id
 FROM generate_series(1, %(n)s::integer);
 
 -- name: insert_tasks
--- Create a batch of tasks (parallel arrays); a key another writer took first is left out.
+-- Create a batch of tasks (parallel arrays); a key another writer took first fails it (tasks_key).
 INSERT INTO tasks (
     id, kind, ref, gates, gate_key, flow, grp, tier, submitted_tier, cost, key, state,
     max_attempts, tag, created_at, run_at, ready_since, unmet
@@ -108,9 +108,7 @@ FROM unnest(
     id, kind, ref, gates, gate_key, flow, grp, tier, cost, key, state, max_attempts, tag,
     run_at, ready_since, unmet
 )
-ORDER BY t.key COLLATE "C", t.id  -- keys taken in one order by every writer: no deadlock
-ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING
-RETURNING id;
+ORDER BY t.key COLLATE "C", t.id;  -- keys taken in one order by every writer: no deadlock
 
 -- name: insert_dependencies
 -- Make tasks wait on their dependencies (parallel arrays).
@@ -174,12 +172,14 @@ FROM unnest(%(flows)s::text[], %(finishes)s::double precision[]) AS f (flow, fin
 WHERE flows.flow = f.flow;
 
 -- name: save_turns
--- Mark flows served (rows locked before, in name order); move the virtual time forward.
+-- Mark flows served (locked before, in name order), turns renumbered from `base` to the dispatch count.
 WITH moved AS (
     UPDATE meta SET value = greatest(value, %(virtual_time)s::double precision)
     WHERE name = 'virtual_time'
 )
-UPDATE flows SET served = f.served
+UPDATE flows
+SET served = f.served - %(base)s::bigint
+    + (SELECT value FROM meta WHERE name = 'dispatches')::bigint  -- as `lease_tasks` left it
 FROM unnest(%(flows)s::text[], %(served)s::bigint[]) AS f (flow, served)
 WHERE flows.flow = f.flow;
 
@@ -214,12 +214,20 @@ UPDATE tasks SET tier = p.tier, promoted_at = %(now)s::double precision
 FROM unnest(%(ids)s::bigint[], %(tiers)s::smallint[]) AS p (id, tier)
 WHERE tasks.id = p.id;
 
+-- name: claim_clock
+-- A claim's time (the clock given, or the server's), kept for its statements as `headrace.now`.
+SELECT set_config(
+    'headrace.now',
+    coalesce(%(clock)s::double precision, extract(epoch FROM clock_timestamp()))::text,
+    true
+)::double precision AS now;
+
 -- name: ready_candidates
 -- One claim batch: due ready tasks after a (tier, tag, id) key, locked, with flows' turns.
 SELECT t.*, f.served AS flow_served FROM tasks AS t JOIN flows AS f ON f.flow = t.flow
 WHERE t.state = 'ready'
   AND (t.tier, t.tag, t.id) > (%(tier)s::smallint, %(tag)s::double precision, %(id)s::bigint)
-  AND t.run_at <= %(now)s::double precision
+  AND t.run_at <= current_setting('headrace.now')::double precision  -- set by claim_clock
   AND (%(kinds)s::text[] IS NULL OR t.kind = ANY(%(kinds)s::text[]))
   AND t.gate_key <> ALL(%(refused)s::text[])
 ORDER BY t.tier, t.tag, t.id
@@ -227,7 +235,7 @@ LIMIT %(batch)s::integer
 FOR UPDATE OF t SKIP LOCKED;
 
 -- name: lease_tasks
--- Lease ready tasks under new fencing tokens, with attempt rows, tickets and the dispatch count.
+-- Lease ready tasks under new fencing tokens, with attempt rows and tickets; count the dispatches.
 WITH leased AS (
     UPDATE tasks
     SET state = 'running', attempt = attempt + 1, worker = %(worker)s::text,
@@ -241,9 +249,8 @@ WITH leased AS (
     INSERT INTO tickets (task_id, gate) SELECT id, unnest(gates) FROM leased
 ), counted AS (
     UPDATE meta SET value = value + (SELECT count(*) FROM leased) WHERE name = 'dispatches'
-    RETURNING value
 )
-SELECT leased.*, (SELECT value FROM counted) AS dispatches FROM leased;
+SELECT * FROM leased;
 
 -- name: end_attempt
 -- Close the open attempt of a task (running, or waiting on its remote job) with its outcome.
@@ -264,7 +271,7 @@ SELECT set_config('enable_sort', 'on', true), set_config('enable_bitmapscan', 'o
 -- name: next_ready_run_at
 -- The earliest future run_at of a ready task: when a claim may find new work.
 SELECT min(run_at) AS at FROM tasks
-WHERE state = 'ready' AND run_at > %(now)s::double precision;
+WHERE state = 'ready' AND run_at > current_setting('headrace.now')::double precision;
 
 -- name: ticket_gates
 -- The gates tasks hold tickets on.
