@@ -1000,47 +1000,48 @@ class _Transaction:
         *,
         sweep: bool = True,
     ) -> _Claimed:
-        """With `sweep`, reap expired leases and age low tasks first. The clock is read with
-        the first candidates (in the same round trip) unless the sweep needs it before."""
-        clock: psycopg.AsyncCursor[DictRow] | None = await self.send(
-            "claim_clock", clock=None if self._clock is None else self._clock.now()
-        )
+        """With `sweep`, reap expired leases and age low tasks first. Otherwise the claim's
+        time, counters and next run_at (`claim_start`) come back with the first candidates, in
+        one round trip."""
         if sweep:
-            await self.read_claim_clock(clock)
-            clock = None
+            await self.read_clock()
             aging = await self.send_aging()
             if await self.reap():
                 aging = await self.send_aging()  # tasks made ready again may age as well
             await self.age(aging)
-        later = await self.send("next_ready_run_at")  # reaping and leasing cannot change it
-        self._counters = await self.send("meta_values")
+        clock = None if self._clock is None else self._clock.now()
+        start: psycopg.AsyncCursor[DictRow] | None = await self.send("claim_start", clock=clock)
+        next_at: float | None = None
         chosen: list[TaskRecord] = []
         excluded: set[str] = set()
         book: GateBook | None = None
         async with contextlib.aclosing(self.rounds(kinds, excluded, limit)) as rounds:
             async for candidates in rounds:
-                await self.read_claim_clock(clock)
-                clock = None
+                if start is not None:
+                    next_at, start = await self.read_claim_start(start), None
                 book = await self.open_book(book, candidates)
-                await self.load_counters()
                 self.admit(book, candidates, chosen, excluded, limit)
                 if len(chosen) >= limit:
                     break
-        await self.read_claim_clock(clock)
+        if start is not None:  # no candidate at all
+            next_at = await self.read_claim_start(start)
         book = book or GateBook(self.configs, self.gates.get, self.now)
         for name in book.changed:
             self.gates.put(name, book.states[name])
-        found = await later.fetchone()  # answered with the candidates
-        wake_at = earliest(book.wake_at(), found["at"] if found is not None else None)
+        wake_at = earliest(book.wake_at(), next_at)
         return await self.lease(chosen, worker, lease_for, wake_at)
 
-    async def read_claim_clock(self, sent: psycopg.AsyncCursor[DictRow] | None) -> None:
-        """The time `claim_clock` fixed for the claim's statements, once (None: read already)."""
-        if sent is not None:
-            found = await sent.fetchone()
-            if found is None:
-                raise StoreError("postgres store: claim_clock returned no row")
-            self.now = max(self.now, float(found["now"]))
+    async def read_claim_start(self, sent: psycopg.AsyncCursor[DictRow]) -> float | None:
+        """The time `claim_start` fixed for the claim's statements and the counters it read;
+        return the earliest future run_at of a ready task (reaping and leasing cannot change
+        it)."""
+        found = await sent.fetchone()
+        if found is None:
+            raise StoreError("postgres store: claim_start returned no row")
+        self.now = max(self.now, float(found["now"]))
+        self._dispatches = int(found["dispatches"])
+        self._virtual_time = float(found["virtual_time"])
+        return None if found["next_at"] is None else float(found["next_at"])
 
     async def rounds(
         self, kinds: list[str] | None, excluded: set[str], limit: int
@@ -1053,7 +1054,6 @@ class _Transaction:
         size = min(CLAIM_BATCH, 2 * limit + 8)
         held: list[TaskRecord] = []
         while True:
-            await self.send("index_order_plan")
             found = await self.rows(
                 "ready_candidates",
                 tier=after[0],
@@ -1063,7 +1063,6 @@ class _Transaction:
                 refused=sorted(excluded),
                 batch=size,
             )
-            await self.send("default_plan")
             for row in found:  # when each flow was last served, read with the candidates
                 self._served.setdefault(row["flow"], int(row["flow_served"]))
             batch = [_record(row) for row in found]
@@ -1136,22 +1135,20 @@ class _Transaction:
         if not chosen:
             return _Claimed(None, [], until, self.now, wake_at)
         ids = [task.id for task in chosen]
-        await self.run("lock_flows", flows=sorted(self._served_now))  # before the counters
-        leased = await self.send("lease_tasks", ids=ids, worker=worker, until=until)
-        await self.save_turns()
-        return _Claimed(leased, ids, until, self.now, wake_at)
-
-    async def save_turns(self) -> None:
-        """Number this claim's flows' turns after every dispatch counted before it (the count
-        `lease_tasks` left, which includes this claim's and others' committed meanwhile, less
-        this claim's own count); move the virtual time."""
         flows = sorted(self._served_now)
-        served = [self._served[flow] for flow in flows]
-        virtual_time = self._virtual_time or 0.0
-        base = self._dispatches or 0
-        await self.run(
-            "save_turns", flows=flows, served=served, base=base, virtual_time=virtual_time
+        await self.run("lock_flows", flows=flows)  # before the counters
+        leased = await self.send(
+            "lease_tasks",
+            ids=ids,
+            worker=worker,
+            until=until,
+            virtual_time=self._virtual_time or 0.0,
+            # turns numbered from this claim's count, renumbered after every dispatch counted
+            base=self._dispatches or 0,
+            flows=flows,
+            served=[self._served[flow] for flow in flows],
         )
+        return _Claimed(leased, ids, until, self.now, wake_at)
 
     async def send_aging(self) -> psycopg.AsyncCursor[DictRow] | None:
         """Ready tasks below the aging ceiling that may have waited an aging step."""

@@ -9,8 +9,9 @@
 SELECT extract(epoch FROM clock_timestamp())::double precision AS now;
 
 -- name: set_search_path
--- Make the store's schema the one unqualified names resolve in, for this connection.
-SELECT set_config('search_path', quote_ident(%(schema)s::text), false);
+-- Resolve unqualified names in the store's schema; no JIT (a queue's statements are short).
+SELECT set_config('search_path', quote_ident(%(schema)s::text), false),
+       set_config('jit', 'off', false);
 
 -- name: create_schema
 -- The store's own schema, created by the first migration run.
@@ -171,18 +172,6 @@ UPDATE flows SET finish_tag = f.finish
 FROM unnest(%(flows)s::text[], %(finishes)s::double precision[]) AS f (flow, finish)
 WHERE flows.flow = f.flow;
 
--- name: save_turns
--- Mark flows served (locked before, in name order), turns renumbered from `base` to the dispatch count.
-WITH moved AS (
-    UPDATE meta SET value = greatest(value, %(virtual_time)s::double precision)
-    WHERE name = 'virtual_time'
-)
-UPDATE flows
-SET served = f.served - %(base)s::bigint
-    + (SELECT value FROM meta WHERE name = 'dispatches')::bigint  -- as `lease_tasks` left it
-FROM unnest(%(flows)s::text[], %(served)s::bigint[]) AS f (flow, served)
-WHERE flows.flow = f.flow;
-
 -- name: expired_leases
 -- Running tasks whose lease ran out, locked; a task another writer holds is left to it.
 SELECT * FROM tasks
@@ -214,13 +203,23 @@ UPDATE tasks SET tier = p.tier, promoted_at = %(now)s::double precision
 FROM unnest(%(ids)s::bigint[], %(tiers)s::smallint[]) AS p (id, tier)
 WHERE tasks.id = p.id;
 
--- name: claim_clock
--- A claim's time (the clock given, or the server's), kept for its statements as `headrace.now`.
-SELECT set_config(
-    'headrace.now',
-    coalesce(%(clock)s::double precision, extract(epoch FROM clock_timestamp()))::text,
-    true
-)::double precision AS now;
+-- name: claim_start
+-- A claim's time, kept for its statements as `headrace.now`, counters, next run_at; index-order plans.
+SELECT c.now,
+       (SELECT value FROM meta WHERE name = 'dispatches') AS dispatches,
+       (SELECT value FROM meta WHERE name = 'virtual_time') AS virtual_time,
+       (SELECT min(run_at) FROM tasks WHERE state = 'ready' AND run_at > c.now) AS next_at,
+       -- the candidates walk the claim-order index, never sort the whole queue (before ANALYZE
+       -- has seen a burst, the planner would); kept for the rest of the claim
+       set_config('enable_sort', 'off', true) AS sort,
+       set_config('enable_bitmapscan', 'off', true) AS bitmapscan
+FROM (
+    SELECT set_config(
+        'headrace.now',
+        coalesce(%(clock)s::double precision, extract(epoch FROM clock_timestamp()))::text,
+        true
+    )::double precision AS now
+) AS c;
 
 -- name: ready_candidates
 -- One claim batch: due ready tasks after a (tier, tag, id) key, locked, with flows' turns.
@@ -235,7 +234,7 @@ LIMIT %(batch)s::integer
 FOR UPDATE OF t SKIP LOCKED;
 
 -- name: lease_tasks
--- Lease ready tasks under new fencing tokens, with attempt rows and tickets; count the dispatches.
+-- Lease ready tasks under new fencing tokens, with attempts and tickets; count them, number the turns.
 WITH leased AS (
     UPDATE tasks
     SET state = 'running', attempt = attempt + 1, worker = %(worker)s::text,
@@ -248,7 +247,21 @@ WITH leased AS (
 ), granted AS (
     INSERT INTO tickets (task_id, gate) SELECT id, unnest(gates) FROM leased
 ), counted AS (
-    UPDATE meta SET value = value + (SELECT count(*) FROM leased) WHERE name = 'dispatches'
+    -- both rows in one statement, so every claim locks them in the same order
+    UPDATE meta
+    SET value = CASE name
+        WHEN 'dispatches' THEN value + (SELECT count(*) FROM leased)
+        ELSE greatest(value, %(virtual_time)s::double precision)
+    END
+    WHERE name IN ('dispatches', 'virtual_time')
+    RETURNING name, value
+), turns AS (
+    -- flows locked before; this claim's turns (numbered from `base`) after every dispatch
+    UPDATE flows
+    SET served = f.served - %(base)s::bigint
+        + (SELECT value FROM counted WHERE name = 'dispatches')::bigint
+    FROM unnest(%(flows)s::text[], %(served)s::bigint[]) AS f (flow, served)
+    WHERE flows.flow = f.flow
 )
 SELECT * FROM leased;
 
@@ -259,19 +272,6 @@ SET ended_at = %(now)s::double precision, outcome = %(outcome)s::text,
     error_class = %(error_class)s::text, code = %(code)s::text, message = %(message)s::text
 WHERE task_id = %(task_id)s::bigint AND number = %(number)s::integer
   AND outcome IN ('running', 'waiting');
-
--- name: index_order_plan
--- For the candidates only: walk the claim-order index, never sort the whole queue (before ANALYZE has seen a burst, the planner would).
-SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', 'off', true);
-
--- name: default_plan
--- Back to the planner's own choices for the rest of the transaction.
-SELECT set_config('enable_sort', 'on', true), set_config('enable_bitmapscan', 'on', true);
-
--- name: next_ready_run_at
--- The earliest future run_at of a ready task: when a claim may find new work.
-SELECT min(run_at) AS at FROM tasks
-WHERE state = 'ready' AND run_at > current_setting('headrace.now')::double precision;
 
 -- name: ticket_gates
 -- The gates tasks hold tickets on.
