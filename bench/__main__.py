@@ -62,10 +62,18 @@ def postgres_tables(figures: PostgresFigures) -> list[Table]:
         ratio = f"{f.tasks_per_s / peer.tasks_per_s:.1f}x"
         rates.add_row(f.case, str(f.tasks), f"{f.seconds:.2f}", f"{f.tasks_per_s:,.0f}", ratio)
     latency = Table(title="Enqueue -> start on an idle worker (producer in another process)")
-    for column in ("case", "samples", "p50 ms", "p99 ms"):
+    columns = ("case", "samples", "p50 ms", "p99 ms", "submit p50", "committed->start p50")
+    for column in columns:
         latency.add_column(column, justify="left" if column == "case" else "right")
     for lat in figures.latency:
-        latency.add_row(lat.case, str(lat.samples), f"{lat.p50_ms:.2f}", f"{lat.p99_ms:.2f}")
+        latency.add_row(
+            lat.case,
+            str(lat.samples),
+            f"{lat.p50_ms:.2f}",
+            f"{lat.p99_ms:.2f}",
+            f"{lat.submit_p50_ms:.2f}",
+            f"{lat.queued_p50_ms:.2f}",
+        )
     claims = Table(title="Claim of 16 tasks against the size of the ready queue (PostgreSQL)")
     for column in ("ready tasks", "claims", "p50 ms", "p99 ms", "vs smallest"):
         claims.add_column(column, justify="right")

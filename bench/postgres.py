@@ -33,6 +33,9 @@ SERVER = "postgresql://postgres@127.0.0.1:5432"
 SLOTS = 16
 SUBMIT_BATCH = 1000
 PRODUCER_TIMEOUT = 30.0
+WARM_UP = 10  # tasks submitted and started before the samples
+
+Sent = dict[str, tuple[float, float]]  # task ref -> (submit called, submit returned)
 
 
 @dataclass(frozen=True)
@@ -45,10 +48,15 @@ class Rate:
 
 @dataclass(frozen=True)
 class Latency:
+    """From the submit call to the handler's first line (p50, p99), and its two parts: the
+    submit call itself, and from its return (the task committed) to the handler."""
+
     case: str
     samples: int
     p50_ms: float
     p99_ms: float
+    submit_p50_ms: float
+    queued_p50_ms: float
 
 
 @dataclass(frozen=True)
@@ -153,28 +161,25 @@ def timing_app(url: str, started: dict[str, float], seen: Callable[[], None]) ->
     return app
 
 
-def produce(url: str, samples: int, seen: EventType, sent: QueueType[dict[str, float]]) -> None:
+def produce(url: str, samples: int, seen: EventType, sent: QueueType[Sent]) -> None:
     """The producer process: submit one task at a time, each once the last one has started."""
     asyncio.run(_produce(url, samples, seen, sent))
 
 
-async def _produce(
-    url: str, samples: int, seen: EventType, sent: QueueType[dict[str, float]]
-) -> None:
-    times: dict[str, float] = {}
+async def _produce(url: str, samples: int, seen: EventType, sent: QueueType[Sent]) -> None:
+    times: Sent = {}
     producer = timing_app(url, {}, lambda: None)
     async with producer:
         timed = producer.definition("timed")
-        await timed.submit("warm-up")  # the pool's first connection, the statements prepared
-        await asyncio.to_thread(seen.wait, PRODUCER_TIMEOUT)
-        for n in range(samples):
+        for n in range(-WARM_UP, samples):  # the first open the pools and prepare statements
             await asyncio.sleep(0.01)
             seen.clear()
-            times[f"t{n}"] = time.time()
+            before = time.time()
             await timed.submit(f"t{n}")
+            times[f"t{n}"] = (before, time.time())
             if not await asyncio.to_thread(seen.wait, PRODUCER_TIMEOUT):
                 raise TimeoutError(f"task t{n} did not start in {PRODUCER_TIMEOUT} s")
-    sent.put(times)
+    sent.put({ref: at for ref, at in times.items() if not ref.startswith("t-")})
 
 
 async def enqueue_to_start(case: str, url: str, samples: int) -> Latency:
@@ -190,13 +195,22 @@ async def enqueue_to_start(case: str, url: str, samples: int) -> Latency:
         producer = processes.Process(target=produce, args=(url, samples, seen, sent))
         producer.start()
         try:
-            times: dict[str, float] = await asyncio.to_thread(sent.get, True, 60 + samples)
+            times: Sent = await asyncio.to_thread(sent.get, True, 60 + samples)
         finally:
             await asyncio.to_thread(producer.join, PRODUCER_TIMEOUT)
             worker.stop()
             await running
-    waits = [(started[ref] - at) * 1000 for ref, at in times.items()]
-    return Latency(case, samples, _ms(waits, 0.5), _ms(waits, 0.99))
+    waits = [(started[ref] - before) * 1000 for ref, (before, _) in times.items()]
+    submits = [(after - before) * 1000 for before, after in times.values()]
+    queued = [(started[ref] - after) * 1000 for ref, (_, after) in times.items()]
+    return Latency(
+        case,
+        samples,
+        _ms(waits, 0.5),
+        _ms(waits, 0.99),
+        submit_p50_ms=_ms(submits, 0.5),
+        queued_p50_ms=_ms(queued, 0.5),
+    )
 
 
 def _ms(values: list[float], q: float) -> float:

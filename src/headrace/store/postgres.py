@@ -756,6 +756,7 @@ class _Transaction:
         self._dependents = False  # `prepare` locked tasks waiting on those outcomes
         self._ledger: dict[tuple[str, str], float] = {}  # units to add, by (group, kind)
         self._counters: psycopg.AsyncCursor[DictRow] | None = None  # meta_values, sent early
+        self._finishes: dict[str, float] = {}  # flows' finish tags after tagging new tasks
 
     # -- statements
 
@@ -834,18 +835,16 @@ class _Transaction:
 
     async def submit_unbounded(self, tasks: Sequence[NewTask]) -> list[Submitted]:
         """A batch no bound counts, in one round trip before the insert: the tasks it depends on
-        held (FOR SHARE), its keys looked up, ids drawn (one per task, a few maybe unused), its
-        flows locked, the counters read, then the clock (once those locks are held)."""
+        held (FOR SHARE), its keys looked up, its flows made and locked, then ids drawn (one per
+        task, a few maybe unused), the counters read and the clock (once those locks are held).
+        """
         named = self.named_dependencies(tasks)
         shared = await self.send("share_tasks", ids=sorted(set(named))) if named else None
         keys = sorted({task.key for task in tasks if task.key is not None})
         keyed = await self.send("task_ids_by_keys", keys=keys) if keys else None
-        drawn = await self.send("next_task_ids", n=len(tasks))
-        flows = sorted({task.flow for task in tasks})
-        await self.run("add_flows", flows=flows)
-        locked = await self.send("lock_flows", flows=flows)
-        self._counters = await self.send("meta_values")
-        time = await self.send_clock()
+        locked = await self.send("take_flows", flows=sorted({task.flow for task in tasks}))
+        clock = None if self._clock is None else self._clock.now()
+        start = await self.send("submit_start", n=len(tasks), clock=clock)
         rows = await shared.fetchall() if shared is not None else []
         states = {int(row["id"]): TaskState(row["state"]) for row in rows}
         for dep in named:
@@ -853,9 +852,14 @@ class _Transaction:
                 raise UnknownTask(dep)
         rows = await keyed.fetchall() if keyed is not None else []
         existing = {row["key"]: int(row["id"]) for row in rows}
-        ids = [int(row["id"]) for row in await drawn.fetchall()]
         finish = {row["flow"]: float(row["finish_tag"]) for row in await locked.fetchall()}
-        await self.read_clock(time)
+        found = await start.fetchone()
+        if found is None:
+            raise StoreError("postgres store: submit_start returned no row")
+        self.now = max(self.now, float(found["now"]))
+        self._virtual_time = float(found["virtual_time"])
+        self._dispatches = int(found["dispatches"])
+        ids = [int(drawn) for drawn in found["ids"]]
         return await self.create(tasks, states, existing, ids=ids, finish=finish)
 
     async def check_batch(self, tasks: Sequence[NewTask]) -> dict[int, TaskState]:
@@ -957,7 +961,12 @@ class _Transaction:
         await self.tag(planned, finish)
         # Not read before the commit: a key another writer took since `ids_for_keys` fails the
         # transaction, and the next try finds that writer's task.
-        await self.run("insert_tasks", **_insert_params(planned, self.now))
+        await self.run(
+            "insert_tasks",
+            **_insert_params(planned, self.now),
+            flow_names=list(self._finishes),
+            flow_finishes=list(self._finishes.values()),
+        )
         deps = [(dep, p.id) for p in planned for dep in p.unmet]
         if deps:
             dep_ids, task_ids = zip(*deps, strict=True)
@@ -982,7 +991,7 @@ class _Transaction:
             tagged = fairness.tag(virtual_time, finish[p.task.flow], p.task.weight)
             finish[p.task.flow] = tagged.flow_finish
             p.tag = tagged.start
-        await self.run("save_flow_finishes", flows=flows, finishes=[finish[f] for f in flows])
+        self._finishes = {flow: finish[flow] for flow in flows}  # written with the insert
 
     async def virtual_time(self) -> float:
         if self._virtual_time is None:

@@ -90,7 +90,12 @@ SELECT nextval(pg_get_serial_sequence('tasks', 'id')) AS id
 FROM generate_series(1, %(n)s::integer);
 
 -- name: insert_tasks
--- Create a batch of tasks (parallel arrays); a key another writer took first fails it (tasks_key).
+-- Create a batch of tasks (parallel arrays), move their flows' finish tags (locked); a taken key fails it.
+WITH finished AS (
+    UPDATE flows SET finish_tag = f.finish
+    FROM unnest(%(flow_names)s::text[], %(flow_finishes)s::double precision[]) AS f (flow, finish)
+    WHERE flows.flow = f.flow
+)
 INSERT INTO tasks (
     id, kind, ref, gates, gate_key, flow, grp, tier, submitted_tier, cost, key, state,
     max_attempts, tag, created_at, run_at, ready_since, unmet
@@ -160,17 +165,28 @@ INSERT INTO flows (flow)
 SELECT flow FROM unnest(%(flows)s::text[]) AS f (flow) ORDER BY flow COLLATE "C"
 ON CONFLICT (flow) DO NOTHING;
 
+-- name: take_flows
+-- Flows' finish tags, their rows made if new, locked in name order while their new tasks are tagged.
+INSERT INTO flows (flow)
+SELECT flow FROM unnest(%(flows)s::text[]) AS f (flow) ORDER BY flow COLLATE "C"
+ON CONFLICT (flow) DO UPDATE SET flow = excluded.flow
+RETURNING flow, finish_tag;
+
+-- name: submit_start
+-- Ids for a batch (so siblings can name each other), the counters, then the clock (flows locked).
+SELECT ARRAY(
+           SELECT nextval(pg_get_serial_sequence('tasks', 'id'))
+           FROM generate_series(1, %(n)s::integer)
+       ) AS ids,
+       (SELECT value FROM meta WHERE name = 'virtual_time') AS virtual_time,
+       (SELECT value FROM meta WHERE name = 'dispatches') AS dispatches,
+       coalesce(%(clock)s::double precision, extract(epoch FROM clock_timestamp())) AS now;
+
 -- name: lock_flows
 -- Flows' finish tags, locked in name order while their new tasks are tagged.
 SELECT flow, finish_tag FROM flows WHERE flow = ANY(%(flows)s::text[])
 ORDER BY flow COLLATE "C"
 FOR UPDATE;
-
--- name: save_flow_finishes
--- Move flows' finish tags after tagging their tasks (parallel arrays).
-UPDATE flows SET finish_tag = f.finish
-FROM unnest(%(flows)s::text[], %(finishes)s::double precision[]) AS f (flow, finish)
-WHERE flows.flow = f.flow;
 
 -- name: expired_leases
 -- Running tasks whose lease ran out, locked; a task another writer holds is left to it.
