@@ -1,6 +1,7 @@
-"""Writers racing on one PostgreSQL store, each with its own pool, as processes on other hosts
-would: what one of them commits first decides, and the other's transaction runs again. Needs the
-test server (skips without it, fails when `CI` is set)."""
+"""Writers sharing one PostgreSQL store, each with its own pool, as processes on other hosts
+would: what one of them commits first decides and the other's transaction runs again, and idle
+workers hear of new work by NOTIFY. Needs the test server (skips without it, fails when `CI` is
+set)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from headrace.store.postgres import PostgresStore
-from headrace.store.types import NewTask, Settings, TaskState
+from headrace.store.types import NewTask, Settings, Sibling, Succeeded, TaskState
 from tests.integration.postgres import fresh_schema
 
 pytestmark = pytest.mark.anyio
@@ -50,3 +53,29 @@ async def test_a_key_submitted_by_two_writers_at_once_names_one_task(
         assert sum(s.created for s in [*a, *b]) == 6  # each key created once
     counts = await first.counts()
     assert counts[TaskState.READY] == 6 * ROUNDS
+
+
+async def notified(store: PostgresStore, write: Any) -> bool:
+    """Whether `write()` makes the store NOTIFY its channel (listened to on a connection of its
+    own, as an idle worker's store does)."""
+    async with await psycopg.AsyncConnection.connect(store.dsn, autocommit=True) as listener:
+        await listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(store.channel)))
+        await write()
+        heard = [n async for n in listener.notifies(timeout=0.5, stop_after=1)]
+    return bool(heard)
+
+
+async def test_a_write_notifies_idle_workers_only_when_work_may_be_ready(
+    stores: list[PostgresStore],
+) -> None:
+    store = stores[0]
+    assert await notified(store, lambda: store.submit([NewTask("shot", "alone")]))
+    [alone] = (await store.claim("w", 1, lease_for=30.0)).leases
+    # A success that returns no ticket and leaves no dependent frees nothing for anyone.
+    assert not await notified(store, lambda: store.finish_many([(alone, Succeeded())]))
+    pair = [NewTask("script", "ep"), NewTask("assembly", "ep", after=(Sibling(0),))]
+    await store.submit(pair)
+    [script] = (await store.claim("w", 1, lease_for=30.0)).leases
+    assert await notified(store, lambda: store.finish_many([(script, Succeeded())]))
+    [assembly] = (await store.claim("w", 1, lease_for=30.0)).leases
+    assert assembly.task.kind == "assembly"
