@@ -836,7 +836,7 @@ class _Transaction:
     async def submit_unbounded(self, tasks: Sequence[NewTask]) -> list[Submitted]:
         """A batch no bound counts, in one round trip before the insert: the tasks it depends on
         held (FOR SHARE), its keys looked up, its flows made and locked, then ids drawn (one per
-        task, a few maybe unused), the counters read and the clock (once those locks are held).
+        task, a few maybe unused), the virtual time read and the clock (once those locks are held).
         """
         named = self.named_dependencies(tasks)
         shared = await self.send("share_tasks", ids=sorted(set(named))) if named else None
@@ -858,7 +858,6 @@ class _Transaction:
             raise StoreError("postgres store: submit_start returned no row")
         self.now = max(self.now, float(found["now"]))
         self._virtual_time = float(found["virtual_time"])
-        self._dispatches = int(found["dispatches"])
         ids = [int(drawn) for drawn in found["ids"]]
         return await self.create(tasks, states, existing, ids=ids, finish=finish)
 

@@ -173,13 +173,12 @@ ON CONFLICT (flow) DO UPDATE SET flow = excluded.flow
 RETURNING flow, finish_tag;
 
 -- name: submit_start
--- Ids for a batch (so siblings can name each other), the counters, then the clock (flows locked).
+-- Ids for a batch (so siblings can name each other), the virtual time, then the clock (flows locked).
 SELECT ARRAY(
            SELECT nextval(pg_get_serial_sequence('tasks', 'id'))
            FROM generate_series(1, %(n)s::integer)
        ) AS ids,
        (SELECT value FROM meta WHERE name = 'virtual_time') AS virtual_time,
-       (SELECT value FROM meta WHERE name = 'dispatches') AS dispatches,
        coalesce(%(clock)s::double precision, extract(epoch FROM clock_timestamp())) AS now;
 
 -- name: lock_flows
@@ -242,7 +241,7 @@ FROM (
 SELECT t.*, f.served AS flow_served FROM tasks AS t JOIN flows AS f ON f.flow = t.flow
 WHERE t.state = 'ready'
   AND (t.tier, t.tag, t.id) > (%(tier)s::smallint, %(tag)s::double precision, %(id)s::bigint)
-  AND t.run_at <= current_setting('headrace.now')::double precision  -- set by claim_clock
+  AND t.run_at <= current_setting('headrace.now')::double precision  -- set by claim_start
   AND (%(kinds)s::text[] IS NULL OR t.kind = ANY(%(kinds)s::text[]))
   AND t.gate_key <> ALL(%(refused)s::text[])
 ORDER BY t.tier, t.tag, t.id
