@@ -63,8 +63,9 @@ def postgres_tables(figures: PostgresFigures) -> list[Table]:
         rates.add_row(f.case, str(f.tasks), f"{f.seconds:.2f}", f"{f.tasks_per_s:,.0f}", ratio)
     latency = Table(title="Enqueue -> start on an idle worker (producer in another process)")
     columns = ("case", "samples", "p50 ms", "p99 ms", "submit p50", "committed->start p50")
-    for column in columns:
+    for column in (*columns, "p50 vs procrastinate"):
         latency.add_column(column, justify="left" if column == "case" else "right")
+    slowest = next(f for f in figures.latency if f.case.startswith("procrastinate"))
     for lat in figures.latency:
         latency.add_row(
             lat.case,
@@ -73,6 +74,7 @@ def postgres_tables(figures: PostgresFigures) -> list[Table]:
             f"{lat.p99_ms:.2f}",
             f"{lat.submit_p50_ms:.2f}",
             f"{lat.queued_p50_ms:.2f}",
+            f"{lat.p50_ms / slowest.p50_ms:.2f}",
         )
     claims = Table(title="Claim of 16 tasks against the size of the ready queue (PostgreSQL)")
     for column in ("ready tasks", "claims", "p50 ms", "p99 ms", "vs smallest"):

@@ -9,16 +9,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from multiprocessing.queues import Queue as QueueType
 from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -27,6 +28,9 @@ import headrace as hr
 from headrace.store.postgres import PostgresStore
 from headrace.store.types import NewTask, Settings
 
+if TYPE_CHECKING:
+    import procrastinate  # the peer, imported where it runs: pip install -e '.[bench]'
+
 T = TypeVar("T")
 
 SERVER = "postgresql://postgres@127.0.0.1:5432"
@@ -34,6 +38,7 @@ SLOTS = 16
 SUBMIT_BATCH = 1000
 PRODUCER_TIMEOUT = 30.0
 WARM_UP = 10  # tasks submitted and started before the samples
+SPAWN = multiprocessing.get_context("spawn")  # a producer with nothing of the worker's process
 
 Sent = dict[str, tuple[float, float]]  # task ref -> (submit called, submit returned)
 
@@ -125,7 +130,7 @@ async def headrace_rate(case: str, url: str, tasks: int) -> Rate:
 
 
 async def procrastinate_rate(url: str, tasks: int) -> Rate:
-    import procrastinate  # a peer for the benchmark only
+    import procrastinate
 
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
 
@@ -161,51 +166,113 @@ def timing_app(url: str, started: dict[str, float], seen: Callable[[], None]) ->
     return app
 
 
-def produce(url: str, samples: int, seen: EventType, sent: QueueType[Sent]) -> None:
+def produce(peer: str, url: str, samples: int, seen: EventType, sent: QueueType[Sent]) -> None:
     """The producer process: submit one task at a time, each once the last one has started."""
-    asyncio.run(_produce(url, samples, seen, sent))
+    asyncio.run(_produce(peer, url, samples, seen, sent))
 
 
-async def _produce(url: str, samples: int, seen: EventType, sent: QueueType[Sent]) -> None:
+@contextlib.asynccontextmanager
+async def submitter(peer: str, url: str) -> AsyncIterator[Callable[[str], Awaitable[object]]]:
+    """How `peer` enqueues one `timed` task."""
+    if peer == "headrace":
+        producer = timing_app(url, {}, lambda: None)
+        async with producer:
+            yield producer.definition("timed").submit
+    else:
+        app = procrastinate_timing_app(url, {}, lambda: None)
+        async with app.open_async():
+            yield lambda ref: app.tasks["timed"].defer_async(ref=ref)
+
+
+async def _produce(
+    peer: str, url: str, samples: int, seen: EventType, sent: QueueType[Sent]
+) -> None:
     times: Sent = {}
-    producer = timing_app(url, {}, lambda: None)
-    async with producer:
-        timed = producer.definition("timed")
+    async with submitter(peer, url) as submit:
         for n in range(-WARM_UP, samples):  # the first open the pools and prepare statements
             await asyncio.sleep(0.01)
             seen.clear()
             before = time.time()
-            await timed.submit(f"t{n}")
+            await submit(f"t{n}")
             times[f"t{n}"] = (before, time.time())
             if not await asyncio.to_thread(seen.wait, PRODUCER_TIMEOUT):
                 raise TimeoutError(f"task t{n} did not start in {PRODUCER_TIMEOUT} s")
     sent.put({ref: at for ref, at in times.items() if not ref.startswith("t-")})
 
 
+def procrastinate_timing_app(
+    url: str, started: dict[str, float], seen: Callable[[], None]
+) -> procrastinate.App:
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+
+    @app.task(name="timed")
+    async def timed(ref: str) -> None:
+        started[ref] = time.time()
+        seen()
+
+    return app
+
+
 async def enqueue_to_start(case: str, url: str, samples: int) -> Latency:
-    """An idle worker here; a producer in a process of its own submits one task at a time, so
-    the worker learns of each from the store (NOTIFY on PostgreSQL, the file on SQLite)."""
-    processes = multiprocessing.get_context("spawn")
-    seen, sent = processes.Event(), processes.Queue()
+    """An idle headrace worker here; a producer in a process of its own submits one task at a
+    time, so the worker learns of each from the store (NOTIFY on PostgreSQL, the file on
+    SQLite)."""
     started: dict[str, float] = {}
+    seen, sent = SPAWN.Event(), SPAWN.Queue()
     worker_app = timing_app(url, started, seen.set)
     async with worker_app:  # creates the schema before the producer starts
         worker = hr.Worker(worker_app, slots=SLOTS, idle="1s")
         running = asyncio.create_task(worker.run())
-        producer = processes.Process(target=produce, args=(url, samples, seen, sent))
-        producer.start()
         try:
-            times: Sent = await asyncio.to_thread(sent.get, True, 60 + samples)
+            times = await _producer("headrace", url, samples, seen, sent)
         finally:
-            await asyncio.to_thread(producer.join, PRODUCER_TIMEOUT)
             worker.stop()
             await running
+    return _latency(case, times, started)
+
+
+async def procrastinate_enqueue_to_start(url: str, samples: int) -> Latency:
+    """The same with an idle Procrastinate worker of as many slots, woken by its own NOTIFY."""
+    started: dict[str, float] = {}
+    seen, sent = SPAWN.Event(), SPAWN.Queue()
+    app = procrastinate_timing_app(url, started, seen.set)
+    async with app.open_async():
+        await app.schema_manager.apply_schema_async()
+        running = asyncio.create_task(
+            app.run_worker_async(
+                concurrency=SLOTS, install_signal_handlers=False, listen_notify=True
+            )
+        )
+        try:
+            times = await _producer("procrastinate", url, samples, seen, sent)
+        finally:
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+    return _latency("procrastinate (postgres)", times, started)
+
+
+async def _producer(
+    peer: str, url: str, samples: int, seen: EventType, sent: QueueType[Sent]
+) -> Sent:
+    producer = SPAWN.Process(target=produce, args=(peer, url, samples, seen, sent))
+    producer.start()
+    try:
+        times: Sent = await asyncio.to_thread(sent.get, True, 60 + samples)
+    finally:
+        await asyncio.to_thread(producer.join, PRODUCER_TIMEOUT)
+    return times
+
+
+def _latency(case: str, times: Sent, started: dict[str, float]) -> Latency:
     waits = [(started[ref] - before) * 1000 for ref, (before, _) in times.items()]
     submits = [(after - before) * 1000 for before, after in times.values()]
     queued = [(started[ref] - after) * 1000 for ref, (_, after) in times.items()]
     return Latency(
         case,
-        samples,
+        len(times),
         _ms(waits, 0.5),
         _ms(waits, 0.99),
         submit_p50_ms=_ms(submits, 0.5),
@@ -259,6 +326,7 @@ async def measure(quick: bool) -> PostgresFigures:
         latency = [
             await _in_database("hr_lat", lambda u: enqueue_to_start("headrace postgres", u, 200)),
             await enqueue_to_start("headrace sqlite", sqlite_latency_url, 200),
+            await _in_database("pc_lat", lambda u: procrastinate_enqueue_to_start(u, 200)),
         ]
     claims = [
         await _in_database("hr_small", lambda u: claim_cost(u, 1000, 50)),

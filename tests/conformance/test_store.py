@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -613,6 +615,14 @@ async def test_bad_successors_refuse_the_outcome_and_change_nothing(store: Store
 def test_an_empty_key_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"task\.key"):
         task("a", key="")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("cost", -1.0), ("cost", math.inf), ("delay", math.nan), ("delay", "1s")]
+)
+def test_a_cost_or_delay_that_is_not_a_finite_number_is_refused(field: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=rf"task\.{field}: expected a"):
+        task("a", **{field: value})
 
 
 # -- dead letters

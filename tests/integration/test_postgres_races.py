@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from headrace.store.memory import MemoryStore
 from headrace.store.postgres import PostgresStore
 from headrace.store.types import NewTask, Settings, Sibling, Succeeded, TaskState
 from tests.integration.postgres import fresh_schema
@@ -79,3 +80,61 @@ async def test_a_write_notifies_idle_workers_only_when_work_may_be_ready(
     assert await notified(store, lambda: store.finish_many([(script, Succeeded())]))
     [assembly] = (await store.claim("w", 1, lease_for=30.0)).leases
     assert assembly.task.kind == "assembly"
+
+
+async def plain_results(store: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each submit from now on was written by the one-statement path."""
+    results: list[bool] = []
+    one_statement = store._submit_plain
+
+    async def recorded(batch: Any) -> Any:
+        submitted = await one_statement(batch)
+        results.append(submitted is not None)
+        return submitted
+
+    monkeypatch.setattr(store, "_submit_plain", recorded)
+    return results
+
+
+async def test_a_plain_submit_is_one_statement_once_its_flows_exist(
+    stores: list[PostgresStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = stores[0]
+    plain = await plain_results(store, monkeypatch)
+    [first] = await store.submit([NewTask("shot", "1", flow="a")])
+    [second] = await store.submit([NewTask("shot", "2", flow="a")])
+    # A new flow in the batch: nothing written by the one statement, all of it by the general
+    # path (the known flow's finish tag moves once).
+    both = await store.submit([NewTask("shot", "3", flow="a"), NewTask("shot", "4", flow="b")])
+    await store.submit([NewTask("shot", "5", flow="a"), NewTask("shot", "6", flow="b")])
+    # Not plain at all: a key, a dependency, two tasks of one flow.
+    await store.submit([NewTask("shot", "7", flow="a", key="k7")])
+    await store.submit([NewTask("shot", "8", flow="a", after=(first.id,))])
+    await store.submit([NewTask("shot", "9", flow="b"), NewTask("shot", "10", flow="b")])
+    assert plain == [False, True, False, True]
+    assert first.id < second.id < both[0].id < both[1].id
+    tags = {t.ref: t.tag for t in await store.tasks()}
+    assert [tags[str(n)] for n in (1, 2, 3, 5, 7, 8)] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert [tags[str(n)] for n in (4, 6, 9, 10)] == [0.0, 1.0, 2.0, 3.0]
+    assert (await store.counts())[TaskState.READY] == 9
+    assert (await store.counts())[TaskState.PENDING] == 1
+
+
+async def test_the_one_statement_submit_tags_as_the_policy_does(
+    stores: list[PostgresStore],
+) -> None:
+    """Tags from SQL and from `fairness.tag` agree to the bit, weights and virtual time moving."""
+    store, model = stores[0], MemoryStore()
+    await model.open(Settings())
+    weights = {"a": 1.0, "b": 3.0, "c": 0.7, "d": 2.5}
+    for n in range(12):
+        batch = [NewTask("shot", f"{flow}{n}", flow=flow, weight=w) for flow, w in weights.items()]
+        parts = [batch] if n % 2 else [batch[:2], batch[2:]]
+        for target in (store, model):
+            for part in parts:
+                await target.submit(part)
+            await target.claim("w", 3, lease_for=30.0)  # moves the virtual time
+    ours = {t.ref: t.tag for t in await store.tasks()}
+    theirs = {t.ref: t.tag for t in await model.tasks()}
+    assert ours == theirs
+    assert len(ours) == 4 * 12

@@ -156,6 +156,21 @@ async def test_the_claim_index_is_partial_on_ready_tasks(
     assert "UNIQUE" in definitions["tasks_key"]
 
 
+@pytest.mark.parametrize("commit", ["off", "on"])
+async def test_a_claim_sets_its_own_commit_for_its_transaction_only(
+    conn: Connection, queries: dict[str, sql.Query], schemas: list[str], commit: str
+) -> None:
+    """`durable_claims` false: a claim's commit does not wait for the WAL flush (`off`)."""
+    await migrate(conn, queries, schemas[0])
+    await conn.execute("SELECT set_config('search_path', quote_ident(%s), false)", [schemas[0]])
+    async with conn.transaction():
+        await conn.execute(queries["claim_start"].text, {"clock": None, "commit": commit})
+        found = await (await conn.execute("SHOW synchronous_commit")).fetchone()
+        assert found == {"synchronous_commit": commit}
+    found = await (await conn.execute("SHOW synchronous_commit")).fetchone()
+    assert found == {"synchronous_commit": "on"}
+
+
 async def test_migrating_twice_changes_nothing(
     conn: Connection, queries: dict[str, sql.Query], schemas: list[str]
 ) -> None:
@@ -239,12 +254,16 @@ def test_urls_carry_headrace_options_apart_from_libpq_ones() -> None:
     assert options == {"schema": "hr", "pool_max": "3"}
     store = PostgresStore.from_url("postgres://u:secret@db/app?schema=hr&pool_min=2&pool_max=3")
     assert (store.schema, store.pool_min, store.pool_max) == ("hr", 2, 3)
+    assert not store.durable_claims
+    assert PostgresStore.from_url("postgresql://db/app?durable_claims=true").durable_claims
     assert "secret" not in repr(store)
     assert isinstance(open_store("postgresql://db/app"), PostgresStore)
     with pytest.raises(ConfigError, match="pool_max"):
         PostgresStore.from_url("postgresql://db/app?pool_max=x")
     with pytest.raises(ConfigError, match="pool_max"):
         PostgresStore("postgresql://db/app", pool_min=4, pool_max=2)
+    with pytest.raises(ConfigError, match="durable_claims must be true or false"):
+        PostgresStore.from_url("postgresql://db/app?durable_claims=maybe")
     with pytest.raises(ConfigError, match="store url"):
         split_url("sqlite:///x.db")
 

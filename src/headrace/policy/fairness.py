@@ -33,10 +33,16 @@ def check_weight(weight: float) -> float:
     return float(weight)
 
 
+def service(weight: float = 1.0) -> float:
+    """How far a task of this weight moves its flow's finish tag."""
+    return SERVICE_PER_TASK / check_weight(weight)
+
+
 def tag(virtual_time: float, flow_finish: float, weight: float = 1.0) -> Tagged:
-    """The start tag of a new task and its flow's finish tag afterwards."""
+    """The start tag of a new task and its flow's finish tag afterwards. (The PostgreSQL
+    store's one-statement submit applies the same rule in SQL, with `service` from here.)"""
     start = max(virtual_time, flow_finish)
-    return Tagged(start=start, flow_finish=start + SERVICE_PER_TASK / check_weight(weight))
+    return Tagged(start=start, flow_finish=start + service(weight))
 
 
 def advance(virtual_time: float, dispatched_tag: float) -> float:

@@ -59,6 +59,7 @@ from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import ConnStatus
 from psycopg.rows import DictRow, dict_row
+from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from headrace.policy import fairness
@@ -132,7 +133,8 @@ SWEEP_EVERY = 0.1
 CLOCK_REUSE = 1.0
 # Tries of one verb that met a deadlock, a serialization failure or a racing idempotency key.
 CONFLICT_TRIES = 5
-URL_OPTIONS = ("schema", "pool_min", "pool_max")
+URL_OPTIONS = ("schema", "pool_min", "pool_max", "durable_claims")
+BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +154,13 @@ class PostgresStore:
         pool_min: int = 1,
         pool_max: int = 10,
         schema: str = DEFAULT_SCHEMA,
+        durable_claims: bool = False,
     ) -> None:
+        """`durable_claims`: a claim's commit waits for the WAL flush, as every other write's
+        does. Off, a claim commits without waiting (`synchronous_commit = off` for it alone):
+        the task starts sooner, and a server crash in the flush's few hundred milliseconds
+        forgets the claim as if its worker had died (the task runs again, the holder's writes
+        are refused); its gate tickets and tokens are forgotten with it."""
         _check_pool_sizes(pool_min, pool_max)
         if not schema or len(schema) > 63:
             raise ConfigError(f"postgres schema: expected 1 to 63 characters, got {schema!r}")
@@ -162,6 +170,7 @@ class PostgresStore:
         self.channel = schema  # one schema, one store: its wake-ups are its own
         self.pool_min = pool_min
         self.pool_max = pool_max
+        self.durable_claims = durable_claims
         self.settings = Settings()
         self._configs: dict[str, GateConfig] = {}
         self._queries: Queries = sql.load_queries(QUERIES)
@@ -177,7 +186,8 @@ class PostgresStore:
     @classmethod
     def from_url(cls, url: str, *, clock: Clock | None = None) -> PostgresStore:
         """A store for `postgresql://user@host:port/db` (or `postgres://`). The query may add
-        `schema`, `pool_min` and `pool_max`; the rest of the URL goes to libpq as it is."""
+        `schema`, `pool_min`, `pool_max` and `durable_claims` (true or false); the rest of the
+        URL goes to libpq as it is."""
         dsn, options = split_url(url)
         return cls(
             dsn,
@@ -185,6 +195,7 @@ class PostgresStore:
             schema=options.get("schema", DEFAULT_SCHEMA),
             pool_min=_int_option(options, "pool_min", 1),
             pool_max=_int_option(options, "pool_max", 10),
+            durable_claims=_bool_option(options, "durable_claims", False),
         )
 
     def __repr__(self) -> str:
@@ -255,7 +266,42 @@ class PostgresStore:
         self, tasks: Sequence[NewTask], *, bounds: Mapping[str, int] | None = None
     ) -> list[Submitted]:
         batch, limits = tuple(tasks), dict(bounds or {})
+        if _plain(batch, limits):
+            submitted = await self._submit_plain(batch)
+            if submitted is not None:
+                return submitted
         return await self._write(lambda tx: tx.submit(batch, limits), clock_first=False)
+
+    async def _submit_plain(self, batch: Sequence[NewTask]) -> list[Submitted] | None:
+        """A plain batch (`_plain`) in one statement, committed on its own: no round trip to
+        begin or to commit. None when one of its flows is new (nothing was written): the
+        general path makes the flow."""
+        for task in batch:
+            for name in task.gates:
+                gating.resolve(name, self._configs)
+        params = {
+            "tasks": _plain_rows(batch),
+            "clock": None if self.clock is None else self.clock.now(),
+            "channel": self.channel,
+        }
+
+        async def once() -> DictRow | None:
+            async with self._require_pool().connection() as conn:
+                try:
+                    cursor = await conn.execute(self._queries["submit_plain"].text, params)
+                    return await cursor.fetchone()
+                except pgerrors.AdminShutdown as exc:
+                    # The server ended the session (a restart, pg_terminate_backend) before
+                    # the statement's commit: it wrote nothing, and runs again on another
+                    # connection. Any other lost connection leaves it unknown: unavailable.
+                    raise _Dropped from exc
+
+        found = await self._retried(once)
+        if found is None:
+            raise StoreError("postgres store: submit_plain returned no row")
+        if not found["complete"]:
+            return None
+        return [Submitted(int(drawn), created=True) for drawn in found["ids"]]
 
     # -- claiming
 
@@ -270,7 +316,9 @@ class PostgresStore:
         sweep = not self._swept_at <= seen < self._swept_at + SWEEP_EVERY
 
         async def verb(tx: _Transaction) -> _Claimed:
-            return await tx.claim(worker, limit, lease_for, wanted, sweep=sweep)
+            return await tx.claim(
+                worker, limit, lease_for, wanted, sweep=sweep, durable=self.durable_claims
+            )
 
         claimed = await self._write(verb, clock_first=False)  # the claim reads it in passing
         if sweep:
@@ -366,11 +414,15 @@ class PostgresStore:
     ) -> T:
         """Run `verb` in one transaction, again when it met a conflict; driver errors come out
         as StoreError (StoreUnavailable for a lost or unreachable server)."""
+        return await self._retried(lambda: self._once(verb, read, clock_first))
+
+    async def _retried(self, once: Callable[[], Awaitable[T]]) -> T:
+        """`once()`, again when it met a conflict (it then wrote nothing)."""
         tries = 0
         while True:
             tries += 1
             try:
-                return await _translated(self._once(verb, read, clock_first))
+                return await _translated(once())
             except _Again as again:
                 if tries >= CONFLICT_TRIES:
                     raise again.give_up(tries) from again.__cause__
@@ -509,8 +561,7 @@ async def migrate(conn: Connection, queries: Queries, schema: str) -> tuple[int,
 
 
 def split_url(url: str) -> tuple[str, dict[str, str]]:
-    """The libpq URL and headrace's own options (`schema`, `pool_min`, `pool_max`) of a
-    `postgresql://` URL."""
+    """The libpq URL and headrace's own options (`URL_OPTIONS`) of a `postgresql://` URL."""
     parts = urlsplit(url)
     if parts.scheme not in SCHEMES:
         raise ConfigError(f"store url: expected postgresql://user@host:port/db, got {url!r}")
@@ -528,6 +579,16 @@ def _int_option(options: Mapping[str, str], name: str, default: int) -> int:
         return int(value)
     except ValueError:
         raise ConfigError(f"store url: {name} must be an integer, got {value!r}") from None
+
+
+def _bool_option(options: Mapping[str, str], name: str, default: bool) -> bool:
+    value = options.get(name)
+    if value is None:
+        return default
+    try:
+        return BOOLEANS[value.lower()]
+    except KeyError:
+        raise ConfigError(f"store url: {name} must be true or false, got {value!r}") from None
 
 
 def _check_pool_sizes(pool_min: int, pool_max: int) -> None:
@@ -835,16 +896,17 @@ class _Transaction:
 
     async def submit_unbounded(self, tasks: Sequence[NewTask]) -> list[Submitted]:
         """A batch no bound counts, in one round trip before the insert: the tasks it depends on
-        held (FOR SHARE), its keys looked up, its flows made and locked, then ids drawn (one per
-        task, a few maybe unused), the virtual time read and the clock (once those locks are held).
+        held (FOR SHARE), its keys looked up, then its flows made and locked, ids drawn (one per
+        task, a few maybe unused), the virtual time read and the clock (once the flows are
+        locked), in one statement.
         """
         named = self.named_dependencies(tasks)
         shared = await self.send("share_tasks", ids=sorted(set(named))) if named else None
         keys = sorted({task.key for task in tasks if task.key is not None})
         keyed = await self.send("task_ids_by_keys", keys=keys) if keys else None
-        locked = await self.send("take_flows", flows=sorted({task.flow for task in tasks}))
         clock = None if self._clock is None else self._clock.now()
-        start = await self.send("submit_start", n=len(tasks), clock=clock)
+        flows = sorted({task.flow for task in tasks})
+        start = await self.send("submit_start", flows=flows, n=len(tasks), clock=clock)
         rows = await shared.fetchall() if shared is not None else []
         states = {int(row["id"]): TaskState(row["state"]) for row in rows}
         for dep in named:
@@ -852,12 +914,12 @@ class _Transaction:
                 raise UnknownTask(dep)
         rows = await keyed.fetchall() if keyed is not None else []
         existing = {row["key"]: int(row["id"]) for row in rows}
-        finish = {row["flow"]: float(row["finish_tag"]) for row in await locked.fetchall()}
         found = await start.fetchone()
         if found is None:
             raise StoreError("postgres store: submit_start returned no row")
         self.now = max(self.now, float(found["now"]))
         self._virtual_time = float(found["virtual_time"])
+        finish = dict(zip(found["flows"], map(float, found["finish_tags"]), strict=True))
         ids = [int(drawn) for drawn in found["ids"]]
         return await self.create(tasks, states, existing, ids=ids, finish=finish)
 
@@ -962,7 +1024,7 @@ class _Transaction:
         # transaction, and the next try finds that writer's task.
         await self.run(
             "insert_tasks",
-            **_insert_params(planned, self.now),
+            tasks=_insert_params(planned, self.now),
             flow_names=list(self._finishes),
             flow_finishes=list(self._finishes.values()),
         )
@@ -1007,10 +1069,11 @@ class _Transaction:
         kinds: list[str] | None,
         *,
         sweep: bool = True,
+        durable: bool = True,
     ) -> _Claimed:
         """With `sweep`, reap expired leases and age low tasks first. Otherwise the claim's
         time, counters and next run_at (`claim_start`) come back with the first candidates, in
-        one round trip."""
+        one round trip. Not `durable`: the commit does not wait for the WAL flush."""
         if sweep:
             await self.read_clock()
             aging = await self.send_aging()
@@ -1018,7 +1081,10 @@ class _Transaction:
                 aging = await self.send_aging()  # tasks made ready again may age as well
             await self.age(aging)
         clock = None if self._clock is None else self._clock.now()
-        start: psycopg.AsyncCursor[DictRow] | None = await self.send("claim_start", clock=clock)
+        commit = "on" if durable else "off"
+        start: psycopg.AsyncCursor[DictRow] | None = await self.send(
+            "claim_start", clock=clock, commit=commit
+        )
         next_at: float | None = None
         chosen: list[TaskRecord] = []
         excluded: set[str] = set()
@@ -1619,25 +1685,65 @@ def _plan(
     return _Planned(task_id, task, unmet, failed)
 
 
-def _insert_params(planned: Sequence[_Planned], now: float) -> dict[str, list[Any]]:
-    return {
-        "ids": [p.id for p in planned],
-        "kinds": [p.task.kind for p in planned],
-        "refs": [p.task.ref for p in planned],
-        "gates": [" ".join(p.task.gates) for p in planned],
-        "gate_keys": [gate_key(p.task.gates) for p in planned],
-        "flows": [p.task.flow for p in planned],
-        "grps": [p.task.group for p in planned],
-        "tiers": [int(p.task.tier) for p in planned],
-        "costs": [float(p.task.cost) for p in planned],
-        "keys": [p.task.key for p in planned],
-        "states": [(TaskState.PENDING if p.unmet else TaskState.READY).value for p in planned],
-        "max_attempts": [p.task.max_attempts for p in planned],
-        "tags": [p.tag for p in planned],
-        "run_ats": [now + p.task.delay for p in planned],
-        "ready_sinces": [None if p.unmet else now for p in planned],
-        "unmets": [len(p.unmet) for p in planned],
-    }
+def _plain(batch: Sequence[NewTask], bounds: Mapping[str, int]) -> bool:
+    """A batch `submit_plain` can take: no keys, no dependencies, no bounded kind, one task
+    per flow (each task's tag is then its flow's first)."""
+    flows = {task.flow for task in batch}
+    return (
+        bool(batch)
+        and len(flows) == len(batch)
+        and not any(task.key is not None or task.after or task.kind in bounds for task in batch)
+    )
+
+
+def _plain_rows(batch: Sequence[NewTask]) -> Jsonb:
+    return Jsonb(
+        [
+            {
+                "i": number,
+                "kind": task.kind,
+                "ref": task.ref,
+                "gates": list(task.gates),
+                "gate_key": gate_key(task.gates),
+                "flow": task.flow,
+                "grp": task.group,
+                "tier": int(task.tier),
+                "cost": float(task.cost),
+                "max_attempts": task.max_attempts,
+                "delay": float(task.delay),
+                "service": fairness.service(task.weight),
+            }
+            for number, task in enumerate(batch, start=1)
+        ]
+    )
+
+
+def _insert_params(planned: Sequence[_Planned], now: float) -> Jsonb:
+    """The rows `insert_tasks` creates, as one JSON array (one parameter to send, whatever the
+    batch's size)."""
+    return Jsonb(
+        [
+            {
+                "id": p.id,
+                "kind": p.task.kind,
+                "ref": p.task.ref,
+                "gates": list(p.task.gates),
+                "gate_key": gate_key(p.task.gates),
+                "flow": p.task.flow,
+                "grp": p.task.group,
+                "tier": int(p.task.tier),
+                "cost": float(p.task.cost),
+                "key": p.task.key,
+                "state": (TaskState.PENDING if p.unmet else TaskState.READY).value,
+                "max_attempts": p.task.max_attempts,
+                "tag": p.tag,
+                "run_at": now + p.task.delay,
+                "ready_since": None if p.unmet else now,
+                "unmet": len(p.unmet),
+            }
+            for p in planned
+        ]
+    )
 
 
 def _by_state(rows: Iterable[DictRow]) -> dict[TaskState, int]:

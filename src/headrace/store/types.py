@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -75,8 +76,8 @@ class NewTask:
             raise ConfigError("task.ref: a stable record id, at most 512 characters")
         if isinstance(self.max_attempts, bool) or self.max_attempts < 1:
             raise ConfigError(f"task.max_attempts: expected >= 1, got {self.max_attempts!r}")
-        if self.cost < 0 or self.delay < 0:
-            raise ConfigError("task.cost and task.delay must be >= 0")
+        _check_amount("cost", self.cost)
+        _check_amount("delay", self.delay)
         if not isinstance(self.tier, Tier):
             raise ConfigError(f"task.tier: expected a Tier, got {self.tier!r}")
         check_weight(self.weight)
@@ -85,6 +86,13 @@ class NewTask:
     def gate_key(self) -> str:
         """The task's gates as one string: tasks with the same key are admitted alike."""
         return " ".join(sorted(self.gates))
+
+
+def _check_amount(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"task.{name}: expected a number, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"task.{name}: expected a finite number >= 0, got {value!r}")
 
 
 @dataclass(frozen=True)

@@ -90,7 +90,7 @@ SELECT nextval(pg_get_serial_sequence('tasks', 'id')) AS id
 FROM generate_series(1, %(n)s::integer);
 
 -- name: insert_tasks
--- Create a batch of tasks (parallel arrays), move their flows' finish tags (locked); a taken key fails it.
+-- Create a batch of tasks (a JSON array of rows), move their flows' finish tags (locked); a taken key fails it.
 WITH finished AS (
     UPDATE flows SET finish_tag = f.finish
     FROM unnest(%(flow_names)s::text[], %(flow_finishes)s::double precision[]) AS f (flow, finish)
@@ -101,18 +101,12 @@ INSERT INTO tasks (
     max_attempts, tag, created_at, run_at, ready_since, unmet
 )
 SELECT
-    t.id, t.kind, t.ref, string_to_array(t.gates, ' '), t.gate_key, t.flow, t.grp, t.tier,
-    t.tier, t.cost, t.key, t.state, t.max_attempts, t.tag, %(now)s::double precision, t.run_at,
-    t.ready_since, t.unmet
-FROM unnest(
-    %(ids)s::bigint[], %(kinds)s::text[], %(refs)s::text[], %(gates)s::text[],
-    %(gate_keys)s::text[], %(flows)s::text[], %(grps)s::text[], %(tiers)s::smallint[],
-    %(costs)s::double precision[], %(keys)s::text[], %(states)s::text[],
-    %(max_attempts)s::integer[], %(tags)s::double precision[], %(run_ats)s::double precision[],
-    %(ready_sinces)s::double precision[], %(unmets)s::integer[]
-) AS t (
-    id, kind, ref, gates, gate_key, flow, grp, tier, cost, key, state, max_attempts, tag,
-    run_at, ready_since, unmet
+    t.id, t.kind, t.ref, t.gates, t.gate_key, t.flow, t.grp, t.tier, t.tier, t.cost, t.key,
+    t.state, t.max_attempts, t.tag, %(now)s::double precision, t.run_at, t.ready_since, t.unmet
+FROM jsonb_to_recordset(%(tasks)s::jsonb) AS t (
+    id bigint, kind text, ref text, gates text[], gate_key text, flow text, grp text,
+    tier smallint, cost double precision, key text, state text, max_attempts integer,
+    tag double precision, run_at double precision, ready_since double precision, unmet integer
 )
 ORDER BY t.key COLLATE "C", t.id;  -- keys taken in one order by every writer: no deadlock
 
@@ -165,21 +159,75 @@ INSERT INTO flows (flow)
 SELECT flow FROM unnest(%(flows)s::text[]) AS f (flow) ORDER BY flow COLLATE "C"
 ON CONFLICT (flow) DO NOTHING;
 
--- name: take_flows
--- Flows' finish tags, their rows made if new, locked in name order while their new tasks are tagged.
-INSERT INTO flows (flow)
-SELECT flow FROM unnest(%(flows)s::text[]) AS f (flow) ORDER BY flow COLLATE "C"
-ON CONFLICT (flow) DO UPDATE SET flow = excluded.flow
-RETURNING flow, finish_tag;
-
 -- name: submit_start
--- Ids for a batch (so siblings can name each other), the virtual time, then the clock (flows locked).
-SELECT ARRAY(
+-- A batch's flows made if new and locked in name order, then its ids, the virtual time and the clock.
+WITH taken AS (
+    INSERT INTO flows (flow)
+    SELECT flow FROM unnest(%(flows)s::text[]) AS f (flow) ORDER BY flow COLLATE "C"
+    ON CONFLICT (flow) DO UPDATE SET flow = excluded.flow
+    RETURNING flow, finish_tag, clock_timestamp() AS locked_at
+)
+SELECT array_agg(flow) AS flows,
+       array_agg(finish_tag) AS finish_tags,
+       ARRAY(  -- one per task (so siblings can name each other), a few maybe unused
            SELECT nextval(pg_get_serial_sequence('tasks', 'id'))
            FROM generate_series(1, %(n)s::integer)
        ) AS ids,
        (SELECT value FROM meta WHERE name = 'virtual_time') AS virtual_time,
-       coalesce(%(clock)s::double precision, extract(epoch FROM clock_timestamp())) AS now;
+       -- the clock once every flow is locked
+       coalesce(%(clock)s::double precision, extract(epoch FROM max(locked_at))) AS now,
+       -- the insert's plan is made once per connection, not at every submit
+       set_config('plan_cache_mode', 'force_generic_plan', true) AS plans
+FROM taken;
+
+-- name: submit_plain
+-- A batch of one task per known flow, no keys, no dependencies: locked, tagged, created and announced at once.
+WITH batch AS (
+    SELECT * FROM jsonb_to_recordset(%(tasks)s::jsonb) AS t (
+        i integer, kind text, ref text, gates text[], gate_key text, flow text, grp text,
+        tier smallint, cost double precision, max_attempts integer, delay double precision,
+        service double precision
+    )
+), locked AS (  -- in name order, as every writer locks flows; a flow not made yet is missing
+    SELECT flow, finish_tag, clock_timestamp() AS locked_at FROM flows
+    WHERE flow IN (SELECT flow FROM batch)
+    ORDER BY flow COLLATE "C"
+    FOR UPDATE
+), start AS (
+    SELECT (SELECT count(*) FROM locked) = (SELECT count(*) FROM batch) AS complete,
+           (SELECT value FROM meta WHERE name = 'virtual_time') AS virtual_time,
+           -- the clock once every flow is locked
+           coalesce(
+               %(clock)s::double precision,
+               (SELECT extract(epoch FROM max(locked_at)) FROM locked)
+           ) AS now
+), ids AS (
+    SELECT ARRAY(
+        SELECT nextval(pg_get_serial_sequence('tasks', 'id'))
+        FROM generate_series(1, (SELECT count(*) FROM batch)) WHERE (SELECT complete FROM start)
+    ) AS ids
+), tagged AS (  -- fairness.tag: the start is the later of the virtual time and the flow's finish
+    SELECT b.*, (SELECT ids FROM ids)[b.i] AS id,
+           greatest(s.virtual_time, l.finish_tag) AS tag, s.now
+    FROM batch AS b
+    JOIN locked AS l ON l.flow = b.flow
+    CROSS JOIN start AS s
+    WHERE s.complete
+), finished AS (
+    UPDATE flows SET finish_tag = t.tag + t.service FROM tagged AS t WHERE flows.flow = t.flow
+), created AS (
+    INSERT INTO tasks (
+        id, kind, ref, gates, gate_key, flow, grp, tier, submitted_tier, cost, state,
+        max_attempts, tag, created_at, run_at, ready_since
+    )
+    SELECT id, kind, ref, gates, gate_key, flow, grp, tier, tier, cost, 'ready', max_attempts,
+           tag, now, now + delay, now
+    FROM tagged
+    ORDER BY id
+)
+SELECT s.complete, (SELECT ids FROM ids) AS ids, s.now,
+       (SELECT pg_notify(%(channel)s::text, '') WHERE s.complete) AS notified
+FROM start AS s;
 
 -- name: lock_flows
 -- Flows' finish tags, locked in name order while their new tasks are tagged.
@@ -219,7 +267,7 @@ FROM unnest(%(ids)s::bigint[], %(tiers)s::smallint[]) AS p (id, tier)
 WHERE tasks.id = p.id;
 
 -- name: claim_start
--- A claim's time, kept for its statements as `headrace.now`, counters, next run_at; index-order plans.
+-- A claim's time, kept for its statements as `headrace.now`, counters, next run_at; its settings.
 SELECT c.now,
        (SELECT value FROM meta WHERE name = 'dispatches') AS dispatches,
        (SELECT value FROM meta WHERE name = 'virtual_time') AS virtual_time,
@@ -227,7 +275,12 @@ SELECT c.now,
        -- the candidates walk the claim-order index, never sort the whole queue (before ANALYZE
        -- has seen a burst, the planner would); kept for the rest of the claim
        set_config('enable_sort', 'off', true) AS sort,
-       set_config('enable_bitmapscan', 'off', true) AS bitmapscan
+       set_config('enable_bitmapscan', 'off', true) AS bitmapscan,
+       -- its later statements' plans are made once per connection, not at every claim
+       set_config('plan_cache_mode', 'force_generic_plan', true) AS plans,
+       -- a claim lost in a server crash is a worker lost: its tasks run again, and its holders'
+       -- writes are fenced out; any later durable commit (an outcome, a submit) flushes it
+       set_config('synchronous_commit', %(commit)s::text, true) AS commit
 FROM (
     SELECT set_config(
         'headrace.now',
