@@ -63,7 +63,7 @@ def postgres_tables(figures: PostgresFigures) -> list[Table]:
         rates.add_row(f.case, str(f.tasks), f"{f.seconds:.2f}", f"{f.tasks_per_s:,.0f}", ratio)
     latency = Table(title="Enqueue -> start on an idle worker (producer in another process)")
     columns = ("case", "samples", "p50 ms", "p99 ms", "submit p50", "committed->start p50")
-    for column in (*columns, "p50 vs procrastinate"):
+    for column in (*columns, "vs procrastinate"):
         latency.add_column(column, justify="left" if column == "case" else "right")
     slowest = next(f for f in figures.latency if f.case.startswith("procrastinate"))
     for lat in figures.latency:
