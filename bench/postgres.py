@@ -129,10 +129,14 @@ async def headrace_rate(case: str, url: str, tasks: int) -> Rate:
     return Rate(case, tasks, round(seconds, 3), round(tasks / seconds, 1))
 
 
-async def procrastinate_rate(url: str, tasks: int) -> Rate:
+def procrastinate_app(url: str) -> procrastinate.App:
     import procrastinate
 
-    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+    return procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+
+
+async def procrastinate_rate(url: str, tasks: int) -> Rate:
+    app = procrastinate_app(url)
 
     @app.task(name="noop")
     async def noop() -> None:
@@ -203,9 +207,7 @@ async def _produce(
 def procrastinate_timing_app(
     url: str, started: dict[str, float], seen: Callable[[], None]
 ) -> procrastinate.App:
-    import procrastinate
-
-    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+    app = procrastinate_app(url)
 
     @app.task(name="timed")
     async def timed(ref: str) -> None:

@@ -276,9 +276,7 @@ class PostgresStore:
         """A plain batch (`_plain`) in one statement, committed on its own: no round trip to
         begin or to commit. None when one of its flows is new (nothing was written): the
         general path makes the flow."""
-        for task in batch:
-            for name in task.gates:
-                gating.resolve(name, self._configs)
+        _check_gates(batch, self._configs)
         params = {
             "tasks": _plain_rows(batch),
             "clock": None if self.clock is None else self.clock.now(),
@@ -935,10 +933,9 @@ class _Transaction:
 
     def named_dependencies(self, tasks: Sequence[NewTask]) -> list[int]:
         """The task ids a batch depends on; an unknown gate or a later sibling is refused."""
+        _check_gates(tasks, self.configs)
         named: list[int] = []
         for index, task in enumerate(tasks):
-            for name in task.gates:
-                gating.resolve(name, self.configs)
             for dep in task.after:
                 if not isinstance(dep, Sibling):
                     named.append(dep)
@@ -1696,20 +1693,34 @@ def _plain(batch: Sequence[NewTask], bounds: Mapping[str, int]) -> bool:
     )
 
 
+def _check_gates(tasks: Iterable[NewTask], configs: Mapping[str, GateConfig]) -> None:
+    """Refuse a task naming an unknown gate."""
+    for task in tasks:
+        for name in task.gates:
+            gating.resolve(name, configs)
+
+
+def _task_row(task: NewTask) -> dict[str, Any]:
+    """A new task's own columns, as `submit_plain` and `insert_tasks` read them."""
+    return {
+        "kind": task.kind,
+        "ref": task.ref,
+        "gates": list(task.gates),
+        "gate_key": gate_key(task.gates),
+        "flow": task.flow,
+        "grp": task.group,
+        "tier": int(task.tier),
+        "cost": float(task.cost),
+        "max_attempts": task.max_attempts,
+    }
+
+
 def _plain_rows(batch: Sequence[NewTask]) -> Jsonb:
     return Jsonb(
         [
             {
+                **_task_row(task),
                 "i": number,
-                "kind": task.kind,
-                "ref": task.ref,
-                "gates": list(task.gates),
-                "gate_key": gate_key(task.gates),
-                "flow": task.flow,
-                "grp": task.group,
-                "tier": int(task.tier),
-                "cost": float(task.cost),
-                "max_attempts": task.max_attempts,
                 "delay": float(task.delay),
                 "service": fairness.service(task.weight),
             }
@@ -1724,18 +1735,10 @@ def _insert_params(planned: Sequence[_Planned], now: float) -> Jsonb:
     return Jsonb(
         [
             {
+                **_task_row(p.task),
                 "id": p.id,
-                "kind": p.task.kind,
-                "ref": p.task.ref,
-                "gates": list(p.task.gates),
-                "gate_key": gate_key(p.task.gates),
-                "flow": p.task.flow,
-                "grp": p.task.group,
-                "tier": int(p.task.tier),
-                "cost": float(p.task.cost),
                 "key": p.task.key,
                 "state": (TaskState.PENDING if p.unmet else TaskState.READY).value,
-                "max_attempts": p.task.max_attempts,
                 "tag": p.tag,
                 "run_at": now + p.task.delay,
                 "ready_since": None if p.unmet else now,
