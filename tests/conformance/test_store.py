@@ -226,6 +226,98 @@ async def test_rate_keeps_the_burst_and_every_window(store: Store, clock: Manual
     assert stats.blocked_by_token >= 1 and stats.first_blocked_at is not None
 
 
+async def test_a_start_counts_from_its_call_not_its_grant(store: Store, clock: ManualClock) -> None:
+    """A grant reserves a start that counts in every window until the handler stamps it; from
+    then it counts for one window from the stamp, however late after the grant that came."""
+    await store.submit([task(f"v{i}", gates=("provider:video",)) for i in range(6)])
+    granted = await claim(store, lease_for=1000.0)  # two, the cap; their starts reserved
+    clock.advance(100.0)
+    await store.start(granted[0])
+    await store.start(granted[0])  # stamped once: a second call changes nothing
+    await store.finish(granted[0], Succeeded())
+    clock.advance(3.0)
+    await store.start(granted[1])  # stamped 3 s after the first, 103 s after its grant
+    await store.finish(granted[1], Succeeded())
+    for lease in await claim(store):  # two more, stamped at 103 s too: four in the window
+        await store.start(lease)
+        await store.finish(lease, Succeeded())
+    clock.advance(6.9)
+    result = await store.claim("w1", 10, lease_for=LEASE)
+    assert result.leases == ()  # counted from their grants, two would have left long ago
+    assert result.wake_at == pytest.approx(clock.now() + 0.1)
+    clock.advance(0.1)
+    assert len(await claim(store)) == 1
+    [stats] = [s for s in await store.gate_statistics() if s.name == "provider:video"]
+    assert stats.blocked_by_token >= 1
+
+
+async def test_a_start_never_stamped_counts_from_the_outcome(
+    store: Store, clock: ManualClock
+) -> None:
+    await store.submit([task(f"v{i}", gates=("provider:video",)) for i in range(6)])
+    first = await claim(store)
+    clock.advance(1.0)
+    for lease in first:
+        await store.finish(lease, Succeeded())  # starts stamped at their outcomes, at 1 s
+    second = await claim(store)
+    assert len(second) == 2
+    clock.advance(1.0)
+    await store.finish(second[0], Retry(boom(), delay=1000.0))
+    await store.finish(second[1], AwaitRemote("job-1", poll_every=5.0))  # submitted: stamped
+    clock.advance(8.5)
+    result = await store.claim("w1", 10, lease_for=LEASE)
+    assert result.leases == ()  # four starts in the last 10 s, counted from 1 s and 2 s
+    assert result.wake_at == pytest.approx(clock.now() + 0.5)
+    clock.advance(0.5)
+    assert len(await claim(store)) == 1  # the cap: the remote job still holds a ticket
+
+
+async def test_a_stamp_is_fenced_by_the_lease(store: Store, clock: ManualClock) -> None:
+    await store.submit([task("v", gates=("provider:video",))])
+    [lease] = await claim(store, lease_for=5.0)
+    clock.advance(5.0)
+    with pytest.raises(LeaseLost):
+        await store.start(lease)
+    await store.cancel(lease.task_id)
+    with pytest.raises(LeaseLost):
+        await store.start(lease)
+
+
+async def test_a_stamp_names_its_gates(store: Store, clock: ManualClock) -> None:
+    """A handler calling two providers stamps each start just before its own call."""
+    await store.submit([task("both", gates=("provider:image", "provider:video"))])
+    await store.submit([task(f"v{i}", gates=("provider:video",)) for i in range(3)])
+    [both] = await claim(store, 1)
+    await store.start(both, ["provider:image"])
+    clock.advance(8.0)
+    await store.start(both, ["provider:video"])
+    await store.finish(both, Succeeded())
+    granted = await claim(store)
+    for lease in granted:
+        await store.start(lease)
+        await store.finish(lease, Succeeded())
+    assert len(granted) == 2
+    assert len(await claim(store)) == 1  # the video start counts from 8 s, not from 0
+    clock.advance(10.0)
+    assert await claim(store) == []
+
+
+async def test_a_process_without_the_gate_settles_its_starts(
+    store: Store, clock: ManualClock, reopen: Callable[[], Store]
+) -> None:
+    """A command-line process that declares no gates can still end a task holding one."""
+    await store.submit([task("v", gates=("provider:video",))])
+    [lease] = await claim(store)
+    other = reopen()
+    await other.open(Settings())
+    try:
+        assert await other.cancel(lease.task_id)
+    finally:
+        await other.close()
+    [stats] = [s for s in await store.gate_statistics() if s.name == "provider:video"]
+    assert (stats.in_flight, stats.granted) == (0, 1)
+
+
 async def test_a_refusing_gate_never_blocks_a_later_task(store: Store) -> None:
     await store.submit([task(f"v{i}", gates=("provider:video",)) for i in range(5)])
     await store.submit([task("img", gates=("provider:image",), tier=Tier.LOW)])

@@ -45,8 +45,8 @@ class Scenario:
     @property
     def window(self) -> float:
         """How long a start counts: the rate's window lengthened by the guard."""
-        assert self.config.rate is not None
-        return self.config.rate.window + self.config.guard
+        assert self.config.counted_rate is not None
+        return self.config.counted_rate.window
 
     @property
     def n(self) -> int:
@@ -158,7 +158,7 @@ def test_a_second_burst_across_a_window_boundary_is_refused() -> None:
     """n at the end of one minute and n at the start of the next: a resetting bucket would let
     2n through in a quarter second; the sliding window refuses the second burst."""
     n = 10
-    gate = Gate(GateConfig("provider:tts", rate=Rate(n, per="1m")))
+    gate = Gate(GateConfig("provider:tts", rate=Rate(n, per="1m"), guard=0))
     assert [gate.try_acquire(59.75) for _ in range(n)] == [True] * n
     assert [gate.try_acquire(60.0) for _ in range(n)] == [False] * n
     assert gate.next_admission(60.0) == 119.75
@@ -289,7 +289,7 @@ def test_concurrency_is_reported_before_the_rate() -> None:
 
 
 def test_a_penalty_halves_then_restores_full_capacity_after_two_windows() -> None:
-    gate = Gate(GateConfig("provider:tts", rate=Rate(4, per=10)))
+    gate = Gate(GateConfig("provider:tts", rate=Rate(4, per=10), guard=0))
     gate.penalize(0.0)
     assert [gate.try_acquire(0.0) for _ in range(3)] == [True, True, False]
     assert gate.next_admission(0.0) == 10.0
@@ -326,7 +326,9 @@ def test_pure_functions_leave_the_state_alone() -> None:
     state = GateState()
     granted = gating.grant(config, state, 1.0)
     assert state == GateState()
-    assert (granted.in_flight, granted.starts, granted.granted) == (1, (1.0,), 1)
+    assert (granted.in_flight, granted.starts, granted.unstarted, granted.granted) == (1, (), 1, 1)
+    started = gating.start(config, granted, 1.5)
+    assert (started.starts, started.unstarted) == ((1.5,), 0)
     refused = gating.refuse(granted, Refusal.TOKEN, 2.0)
     assert granted.blocked_by_token == 0
     assert (refused.blocked_by_token, refused.first_blocked_at) == (1, 2.0)
@@ -404,8 +406,17 @@ def test_gate_config_refuses_a_bad_name(name: str) -> None:
 def test_gate_config_accepts_good_values() -> None:
     config = GateConfig("provider:video", concurrency=2, rate=Rate(20, per="1m"), guard=0.5)
     assert config.counted_rate == Rate(20, per=60.5)
-    assert GateConfig("provider:video", rate=Rate(20)).counted_rate == Rate(20)
+    assert GateConfig("provider:video", rate=Rate(20), guard=0).counted_rate == Rate(20)
     assert GateConfig("session:*").concurrency is None
+
+
+@pytest.mark.parametrize(
+    ("window", "guard"), [(6.0, 0.12), (60.0, gating.GUARD_MAX), (1.0, 0.02), (3600.0, 0.25)]
+)
+def test_the_default_guard_is_a_share_of_the_window_capped(window: float, guard: float) -> None:
+    rate = Rate(10, per=window)
+    assert gating.default_guard(rate) == pytest.approx(guard)
+    assert GateConfig("provider:video", rate=rate).counted_rate == Rate(10, per=window + guard)
 
 
 @st.composite
@@ -444,3 +455,83 @@ def test_float_times_keep_every_window_and_wake_up_exact(
             assert gating.check(config, gate.state, before) is Refusal.TOKEN
     for start in granted:
         assert sum(1 for other in granted if start <= other < start + window) <= n
+
+
+def test_a_reserved_start_counts_in_every_window_until_it_is_stamped() -> None:
+    config = GateConfig("provider:video", rate=Rate(2, per=10), guard=0)
+    state = gating.grant(config, gating.grant(config, GateState(), 0.0), 0.0)
+    assert state.unstarted == 2
+    for later in (0.0, 10.0, 1000.0):  # the calls may arrive at any time: nothing is admitted
+        assert gating.check(config, state, later) is Refusal.TOKEN
+        assert gating.next_admission(config, state, later) is None
+    state = gating.start(config, state, 500.0)  # one call leaves at 500: it counts to 510
+    assert gating.check(config, state, 509.75) is Refusal.TOKEN
+    assert gating.next_admission(config, state, 509.0) == 510.0  # if the other stays unstamped
+    state = gating.start(config, state, 505.0)
+    assert gating.next_admission(config, state, 506.0) == 510.0
+    assert gating.check(config, state, 510.0) is None
+
+
+def test_a_start_on_a_gate_without_a_rate_changes_nothing() -> None:
+    config = GateConfig("session:abc", concurrency=1)
+    state = gating.grant(config, GateState(), 1.0)
+    assert state.unstarted == 0
+    assert gating.start(config, state, 2.0) == state
+
+
+def test_a_start_on_an_undeclared_gate_is_kept_until_a_rate_trims_it() -> None:
+    state = GateState(starts=(3.0, 1.0), unstarted=1)
+    assert gating.start(None, state, 2.0) == GateState(starts=(1.0, 3.0, 2.0), unstarted=0)
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call a worker asks to make: when it asks, how long after its grant it stamps its
+    start, and how long after the stamp the vendor sees it arrive."""
+
+    asks: float
+    stamp_lag: float
+    arrival_lag: float
+
+
+@st.composite
+def call_runs(draw: st.DrawFn) -> tuple[GateConfig, list[Call]]:
+    rate = Rate(draw(st.integers(1, 6)), per=draw(grid(1, 24)))
+    guard = draw(grid(0, 4))
+    config = GateConfig(
+        "provider:video", concurrency=draw(st.integers(1, 8)), rate=rate, guard=guard
+    )
+    size = draw(st.integers(1, 60))
+    asks = sorted(draw(st.lists(grid(0, 400), min_size=size, max_size=size)))
+    lags = st.tuples(grid(0, 40), st.integers(0, int(guard / QUARTER)).map(lambda k: k * QUARTER))
+    return config, [Call(at, *draw(lags)) for at in asks]
+
+
+@given(call_runs())
+@settings(max_examples=200, deadline=None)
+def test_arrivals_keep_every_window_whatever_the_lag_between_grant_and_call(
+    run: tuple[GateConfig, list[Call]],
+) -> None:
+    """Grants reserve starts, each call stamps its start some time after its grant and arrives
+    at the vendor within the guard after the stamp: no window of the rate's length ever holds
+    more than n arrivals, and never more than the cap run at once."""
+    config, calls = run
+    assert config.rate is not None and config.concurrency is not None
+    state = GateState()
+    stamps: list[tuple[float, int]] = []  # (when, call) stamps still to come, a heap
+    arrivals: list[float] = []
+    for index, call in enumerate(calls):
+        while stamps and min(stamps)[0] <= call.asks:
+            when, done = min(stamps)
+            stamps.remove((when, done))
+            state = gating.start(config, state, when)
+            arrivals.append(when + calls[done].arrival_lag)
+        if gating.check(config, state, call.asks) is None:
+            state = gating.grant(config, state, call.asks)
+            stamps.append((call.asks + call.stamp_lag, index))
+    for when, done in sorted(stamps):
+        state = gating.start(config, state, when)
+        arrivals.append(when + calls[done].arrival_lag)
+    window, n = config.rate.window, config.rate.n
+    for first in arrivals:
+        assert sum(1 for other in arrivals if first <= other < first + window) <= n

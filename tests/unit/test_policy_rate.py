@@ -185,11 +185,41 @@ def test_next_admission_is_exact(timeline: tuple[Rate, list[Event]], ask: float)
             kept = rating.record(rate, kept, event.at)
     now = events[-1].at + ask
     when = rating.next_admission(rate, kept, now, penalized_until)
+    assert when is not None  # nothing reserved: time alone makes room
     assert when >= now
     assert rating.admits(rate, kept, when, penalized_until)
     if when > now:
         for probe in (now, (now + when) / 2, when - 2**-10):
             assert not rating.admits(rate, kept, probe, penalized_until)
+
+
+@given(timelines(), grid(0, 2000), st.integers(0, 9))
+@settings(max_examples=100, deadline=None)
+def test_next_admission_is_exact_with_reserved_starts(
+    timeline: tuple[Rate, list[Event]], ask: float, reserved: int
+) -> None:
+    """Reserved starts (granted, not stamped) count in every window: the wake-up is exact while
+    they stay unstamped, and None when only stamping them could make room."""
+    rate, events = timeline
+    kept: tuple[float, ...] = ()
+    penalized_until = NO_PENALTY
+    for event in events:
+        if event.penalize:
+            penalized_until = rating.penalty_end(rate, event.at, penalized_until)
+        elif rating.admits(rate, kept, event.at, penalized_until):
+            kept = rating.record(rate, kept, event.at)
+    now = events[-1].at + ask
+    when = rating.next_admission(rate, kept, now, penalized_until, reserved)
+    if when is None:
+        later = max([now, penalized_until, *kept]) + 10 * rate.window
+        assert not rating.admits(rate, kept, later, penalized_until, reserved)
+        assert reserved >= rate.capacity(later, penalized_until)
+        return
+    assert when >= now
+    assert rating.admits(rate, kept, when, penalized_until, reserved)
+    if when > now:
+        for probe in (now, (now + when) / 2, when - 2**-10):
+            assert not rating.admits(rate, kept, probe, penalized_until, reserved)
 
 
 @given(st.integers(1, 12), grid(1, 40), grid(0, 400))

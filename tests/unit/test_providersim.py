@@ -25,7 +25,9 @@ from headrace.pipelines.providersim import (
     ProviderSimulator,
     Quota,
     SimServer,
+    Spread,
     parse_inject,
+    parse_spreads,
     serve,
 )
 from headrace.policy.errors import ConfigError, Fatal, RateLimited, TaskFailure, Transient
@@ -409,6 +411,45 @@ def test_injection_names_are_validated() -> None:
         Quota(0, 1)
 
 
+def test_a_call_is_stamped_as_it_leaves_and_counted_as_it_arrives() -> None:
+    """The adapter awaits `started` once per call, just before the request goes out; the
+    referee records each arrival, accepted or refused."""
+    sim = ProviderSimulator(quotas={**STUDIO_QUOTAS, "image": Quota(1, 5)})
+    stamps: list[float] = []
+
+    async def stamp() -> None:
+        stamps.append(asyncio.get_running_loop().time())
+        await asyncio.sleep(0.25)  # the store's write: the request waits for it
+
+    async def scenario(sim: ProviderSimulator, client: MiniMaxClient, _: httpx.AsyncClient) -> None:
+        await client.generate_image("first", started=stamp)
+        assert isinstance(
+            await outcome(client.generate_image("second", started=stamp)), RateLimited
+        )
+
+    play(sim, scenario)
+    assert stamps == [0.0, pytest.approx(0.65)]  # 0.25 s to stamp, 0.4 s of image at 6 s
+    assert sim.arrivals()["image"] == [(0.25, True), (pytest.approx(0.9), False)]
+
+
+def test_call_durations_can_be_drawn_from_a_range() -> None:
+    assert parse_spreads(["image=0.2..0.5"]) == {"image": Spread(0.2, 0.5)}
+    for bad in ("image=0.5..0.2", "photo=0.1..0.2", "image=fast", "image=0.1"):
+        with pytest.raises(ConfigError, match="latency"):
+            parse_spreads([bad])
+    sim = ProviderSimulator(spreads={"image": Spread(0.2, 0.5)}, seed=3)
+    durations: list[float] = []
+
+    async def scenario(sim: ProviderSimulator, client: MiniMaxClient, _: httpx.AsyncClient) -> None:
+        for n in range(6):
+            began = asyncio.get_running_loop().time()
+            await client.generate_image(f"frame {n}")
+            durations.append(asyncio.get_running_loop().time() - began)
+
+    play(sim, scenario)
+    assert all(0.2 <= d <= 0.5 for d in durations) and len(set(durations)) == 6
+
+
 @pytest.mark.realtime
 def test_serve_answers_stats_on_loopback() -> None:
     async def main() -> None:
@@ -431,8 +472,18 @@ def test_serve_answers_stats_on_loopback() -> None:
             SimServer(ProviderSimulator()) as scoped,
             httpx.AsyncClient(base_url=scoped.url, timeout=5) as real,
         ):
-            speech = await MiniMaxClient(real, KEY).synthesize_speech("over a real socket")
+            stamped: list[int] = []
+
+            async def stamp() -> None:
+                stamped.append(len(scoped.sim.arrivals()["speech"]))
+
+            speech = await MiniMaxClient(real, KEY).synthesize_speech(
+                "over a socket", started=stamp
+            )
             assert isinstance(speech, Speech)
+            arrivals = (await real.get("/sim/arrivals")).json()
+        assert stamped == [0]  # stamped over the open connection, before the arrival
         assert scoped.sim.stats()["speech"].accepted == 1
+        assert [accepted for _, accepted in arrivals["speech"]] == [True]
 
     asyncio.run(asyncio.wait_for(main(), timeout=10))

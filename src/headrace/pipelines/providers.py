@@ -5,15 +5,20 @@ Every call either returns a small value or raises a `TaskFailure` the runtime kn
 moderation, client errors: never retried) or `Transient` (5xx, unknown codes, timeouts, transport
 errors, malformed answers). Failure messages say which call failed and never carry the api key.
 
+A vendor counts a request when it arrives. Each call that a gate's rate counts takes `started`,
+an async callable awaited just before the request's headers are written, once its connection is
+open (httpx's `trace` extension): a handler passes `ctx.started`, and the gate counts the call
+from that moment, not from the grant of its ticket nor from a slow connection set-up.
+
 The same code talks to the real API (`httpx.AsyncClient(base_url="https://api.minimax.io")`) or
 to the provider simulator, in process via `in_process(sim)` or over a socket.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 
@@ -27,6 +32,20 @@ MINIMAX_BASE_URL = "https://api.minimax.io"
 SIM_BASE_URL = "http://provider-sim.local"
 
 _PENDING = frozenset({"Preparing", "Queueing", "Processing"})
+
+Started = Callable[[], Awaitable[object]]
+Trace = Callable[[str, dict[str, Any]], Awaitable[None]]
+SENDING = ".send_request_headers.started"  # httpcore's trace event: the request leaves now
+
+
+def stamping(started: Started) -> Trace:
+    """An httpx `trace` extension that awaits `started` as the request's headers go out."""
+
+    async def trace(event: str, info: dict[str, Any]) -> None:
+        if event.endswith(SENDING):
+            await started()
+
+    return trace
 
 
 @dataclass(frozen=True)
@@ -135,18 +154,18 @@ class MiniMaxClient:
     def __repr__(self) -> str:
         return f"MiniMaxClient(base_url={str(self._http.base_url)!r})"
 
-    async def generate_image(self, prompt: str) -> Image:
+    async def generate_image(self, prompt: str, *, started: Started | None = None) -> Image:
         """One image for `prompt`."""
         op = "image generation"
         body = {"model": self._models.image, "prompt": prompt, "n": 1, "response_format": "url"}
-        payload = await self._call(op, "POST", "/v1/image_generation", body=body)
+        payload = await self._call(op, "POST", "/v1/image_generation", body=body, started=started)
         urls = _dig(op, payload, "data.image_urls")
         if not isinstance(urls, list) or not urls or not all(isinstance(u, str) for u in urls):
             raise _malformed(op, "data.image_urls is not a list of URLs")
         image_id = payload.get("id")
         return Image(id=str(image_id) if image_id is not None else "", urls=tuple(urls))
 
-    async def synthesize_speech(self, text: str) -> Speech:
+    async def synthesize_speech(self, text: str, *, started: Started | None = None) -> Speech:
         """Speech for `text` in the configured voice, as mp3 bytes."""
         op = "speech synthesis"
         body = {
@@ -156,7 +175,7 @@ class MiniMaxClient:
             "voice_setting": {"voice_id": self._models.voice, "speed": 1, "vol": 1, "pitch": 0},
             "audio_setting": {"format": "mp3", "sample_rate": 32000},
         }
-        payload = await self._call(op, "POST", "/v1/t2a_v2", body=body)
+        payload = await self._call(op, "POST", "/v1/t2a_v2", body=body, started=started)
         try:
             audio = bytes.fromhex(_text(op, payload, "data.audio"))
         except ValueError as exc:
@@ -168,13 +187,15 @@ class MiniMaxClient:
             characters = len(text)
         return Speech(audio=audio, duration_ms=duration, characters=characters)
 
-    async def submit_video(self, prompt: str, first_frame: str | None = None) -> str:
+    async def submit_video(
+        self, prompt: str, first_frame: str | None = None, *, started: Started | None = None
+    ) -> str:
         """Submit a video job (optionally from a first frame image URL); returns its task id."""
         op = "video submission"
         body = {"model": self._models.video, "prompt": prompt}
         if first_frame is not None:
             body["first_frame_image"] = first_frame
-        payload = await self._call(op, "POST", "/v1/video_generation", body=body)
+        payload = await self._call(op, "POST", "/v1/video_generation", body=body, started=started)
         return _text(op, payload, "task_id")
 
     async def query_video(self, task_id: str) -> VideoStatus:
@@ -199,10 +220,12 @@ class MiniMaxClient:
         *,
         body: Mapping[str, object] | None = None,
         params: Mapping[str, str] | None = None,
+        started: Started | None = None,
     ) -> Mapping[str, object]:
+        extensions = {} if started is None else {"trace": stamping(started)}
         try:
             response = await self._http.request(
-                method, path, json=body, params=params, headers=self._headers
+                method, path, json=body, params=params, headers=self._headers, extensions=extensions
             )
         except httpx.TimeoutException as exc:
             raise Transient(f"{op}: timed out ({type(exc).__name__})", code="timeout") from exc
@@ -234,9 +257,20 @@ class MiniMaxClient:
         return type(failure)(message, code=failure.code)
 
 
+class _TracedASGITransport(httpx.ASGITransport):
+    """An ASGI transport that, like a network one, calls the `trace` extension as the request
+    goes out."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        trace = request.extensions.get("trace")
+        if trace is not None:
+            await trace("asgi" + SENDING, {"request": request})
+        return await super().handle_async_request(request)
+
+
 def in_process(sim: ProviderSimulator) -> httpx.AsyncClient:
     """An HTTP client wired straight to `sim`'s app (no socket): the adapter's real code path,
     on whatever loop runs it (the virtual clock in tests). Close it (`async with`) when done."""
     return httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=create_app(sim)), base_url=SIM_BASE_URL
+        transport=_TracedASGITransport(app=create_app(sim)), base_url=SIM_BASE_URL
     )

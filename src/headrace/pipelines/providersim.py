@@ -16,6 +16,10 @@ answers a seeded ~15% of image and speech calls with an unknown code (1000, half
 HTTP 503); `videofail` ends the first video job in `Fail`. "First" counts authorised, well-formed
 calls since the start or the last reset. A call without `Authorization: Bearer <token>` gets 1004.
 
+Every call's arrival is recorded when its request reaches the simulator, before its body is read,
+with whether it was accepted: `arrivals()` (and `GET /sim/arrivals`) return them, so a test can
+judge every sliding window itself.
+
 Time comes from the running event loop, so it is virtual under `headrace.sim.loop.run` and real
 under uvicorn. Quotas are "requests per window": the window defaults to 6 s (a compressed minute,
 with the real per-minute numbers); 60 s gives real behaviour, and latencies scale with it.
@@ -47,6 +51,7 @@ PROVIDERS = ("image", "speech", "video")
 INJECTIONS = frozenset({"ratelimit", "auth", "flaky", "videofail"})
 FLAKY_RATE = 0.15
 REAL_MINUTE = 60.0
+ARRIVALS_KEPT = 100_000  # per provider: the newest arrivals `arrivals()` can return
 
 # MiniMax status codes the simulator answers with.
 OK = 0
@@ -102,6 +107,18 @@ class Latency:
         """The duration of one `provider` call when the rate window is `window` seconds."""
         durations = {"image": self.image, "speech": self.speech, "video": self.video}
         return float(durations[provider]) * window / REAL_MINUTE
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A call's duration drawn uniformly from [low, high] seconds (not scaled by the window)."""
+
+    low: float
+    high: float
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.low <= self.high:
+            raise ConfigError(f"latency: expected 0 <= low <= high, got {self.low}..{self.high}")
 
 
 @dataclass
@@ -160,6 +177,7 @@ class _Referee:
     window: float
     stats: ProviderStats
     arrivals: deque[float] = field(default_factory=deque)
+    log: deque[tuple[float, bool]] = field(default_factory=lambda: deque(maxlen=ARRIVALS_KEPT))
     in_flight: int = 0
     job_ends: list[float] = field(default_factory=list)
     calls: int = 0  # authorised, well-formed calls: what the injections count
@@ -183,6 +201,7 @@ class _Referee:
     def admit(self, now: float, job_end: float | None) -> str | None:
         """None when the call is accepted (and counted); otherwise why it is refused."""
         refusal = self.refusal(now)
+        self.log.append((now, refusal is None))
         if refusal is not None:
             self.stats.rejected += 1
             return refusal
@@ -273,7 +292,9 @@ class ProviderSimulator:
         latency: Latency = Latency(),
         inject: str | Iterable[str] = frozenset(),
         seed: int = 0,
+        spreads: Mapping[str, Spread] | None = None,
     ) -> None:
+        """`spreads`: per provider, call durations drawn from a range instead of `latency`."""
         if isinstance(window, bool) or not isinstance(window, int | float) or not window > 0:
             raise ConfigError(f"window: expected seconds > 0, got {window!r}")
         self.window = float(window)
@@ -281,6 +302,8 @@ class ProviderSimulator:
         self.latency = latency
         self.inject = parse_inject(inject)
         self.seed = seed
+        self.spreads = dict(spreads or {})
+        self._durations = random.Random(seed + 1)  # apart from the faults' sequence
         self._referees = {name: self._fresh(name) for name in PROVIDERS}
         self._rng = random.Random(seed)
         self._jobs: dict[str, _Job] = {}
@@ -297,6 +320,10 @@ class ProviderSimulator:
         """A copy of the referee's figures, by provider."""
         return {name: dataclasses.replace(ref.stats) for name, ref in self._referees.items()}
 
+    def arrivals(self) -> dict[str, list[tuple[float, bool]]]:
+        """Every recorded call arrival per provider: (time, accepted), oldest first."""
+        return {name: list(referee.log) for name, referee in self._referees.items()}
+
     def stats_json(self) -> dict[str, object]:
         providers = {name: stats.as_dict() for name, stats in self.stats().items()}
         return {"window": self.window, "inject": sorted(self.inject), "providers": providers}
@@ -311,10 +338,13 @@ class ProviderSimulator:
         self._rng = random.Random(self.seed)
 
     async def generate_image(
-        self, body: Mapping[str, object] | None, authorization: str | None
+        self,
+        body: Mapping[str, object] | None,
+        authorization: str | None,
+        arrived: float | None = None,
     ) -> SimReply:
         """POST /v1/image_generation: answers after the image latency."""
-        refused = self._enter("image", authorization, _image_problem(body))
+        refused = self._enter("image", authorization, _image_problem(body), arrived=arrived)
         if refused is not None:
             return refused
         assert body is not None
@@ -332,10 +362,13 @@ class ProviderSimulator:
         )
 
     async def synthesize_speech(
-        self, body: Mapping[str, object] | None, authorization: str | None
+        self,
+        body: Mapping[str, object] | None,
+        authorization: str | None,
+        arrived: float | None = None,
     ) -> SimReply:
         """POST /v1/t2a_v2: answers after the speech latency with hex audio."""
-        refused = self._enter("speech", authorization, _speech_problem(body))
+        refused = self._enter("speech", authorization, _speech_problem(body), arrived=arrived)
         if refused is not None:
             return refused
         assert body is not None
@@ -351,11 +384,15 @@ class ProviderSimulator:
         return _reply(OK, "success", data={"audio": audio.hex(), "status": 2}, extra_info=extra)
 
     def submit_video(
-        self, body: Mapping[str, object] | None, authorization: str | None
+        self,
+        body: Mapping[str, object] | None,
+        authorization: str | None,
+        arrived: float | None = None,
     ) -> SimReply:
         """POST /v1/video_generation: answers at once with a task id; the job then runs."""
-        done_at = self.now() + self.latency.scaled("video", self.window)
-        refused = self._enter("video", authorization, _video_problem(body), job_end=done_at)
+        done_at = self.now() + self._duration("video")
+        problem = _video_problem(body)
+        refused = self._enter("video", authorization, problem, job_end=done_at, arrived=arrived)
         if refused is not None:
             return refused
         serial = next(self._serial)
@@ -385,8 +422,10 @@ class ProviderSimulator:
         authorization: str | None,
         problem: str | None,
         job_end: float | None = None,
+        arrived: float | None = None,
     ) -> SimReply | None:
-        """Check a call in the order a provider would; None means accepted and counted."""
+        """Check a call in the order a provider would; None means accepted and counted. The
+        quota counts it at `arrived` (now, when not given)."""
         referee = self._referees[provider]
         referee.stats.received += 1
         if not _authorized(authorization):
@@ -399,7 +438,7 @@ class ProviderSimulator:
         if fault is not None:
             referee.stats.injected += 1
             return fault
-        refusal = referee.admit(self.now(), job_end)
+        refusal = referee.admit(self.now() if arrived is None else arrived, job_end)
         if refusal is not None:
             return _reply(RATE_LIMITED, refusal)
         return None
@@ -422,9 +461,15 @@ class ProviderSimulator:
             return _reply(UNKNOWN_ERROR, "unknown error (injected)")
         return _reply(UNKNOWN_ERROR, "service unavailable (injected)", http_status=503)
 
+    def _duration(self, provider: str) -> float:
+        spread = self.spreads.get(provider)
+        if spread is None:
+            return self.latency.scaled(provider, self.window)
+        return self._durations.uniform(spread.low, spread.high)
+
     async def _process(self, provider: str) -> None:
         try:
-            await asyncio.sleep(self.latency.scaled(provider, self.window))
+            await asyncio.sleep(self._duration(provider))
         finally:
             self._referees[provider].in_flight -= 1
 
@@ -445,17 +490,18 @@ def create_app(sim: ProviderSimulator) -> Starlette:
     """The simulator's HTTP face: MiniMax's image, speech and video endpoints, plus
     `GET /sim/stats` (the referee's figures) and `POST /sim/reset`."""
 
+    # Each call is counted when its request arrived, before its body is read.
     async def image(request: Request) -> JSONResponse:
-        auth = request.headers.get("authorization")
-        return _respond(await sim.generate_image(await _json_body(request), auth))
+        arrived, auth = sim.now(), request.headers.get("authorization")
+        return _respond(await sim.generate_image(await _json_body(request), auth, arrived))
 
     async def speech(request: Request) -> JSONResponse:
-        auth = request.headers.get("authorization")
-        return _respond(await sim.synthesize_speech(await _json_body(request), auth))
+        arrived, auth = sim.now(), request.headers.get("authorization")
+        return _respond(await sim.synthesize_speech(await _json_body(request), auth, arrived))
 
     async def video(request: Request) -> JSONResponse:
-        auth = request.headers.get("authorization")
-        return _respond(sim.submit_video(await _json_body(request), auth))
+        arrived, auth = sim.now(), request.headers.get("authorization")
+        return _respond(sim.submit_video(await _json_body(request), auth, arrived))
 
     async def query(request: Request) -> JSONResponse:
         auth = request.headers.get("authorization")
@@ -463,6 +509,9 @@ def create_app(sim: ProviderSimulator) -> Starlette:
 
     async def stats(request: Request) -> JSONResponse:
         return JSONResponse(sim.stats_json())
+
+    async def arrivals(request: Request) -> JSONResponse:
+        return JSONResponse(sim.arrivals())
 
     async def reset(request: Request) -> JSONResponse:
         sim.reset()
@@ -475,6 +524,7 @@ def create_app(sim: ProviderSimulator) -> Starlette:
             Route("/v1/video_generation", video, methods=["POST"]),
             Route("/v1/query/video_generation", query, methods=["GET"]),
             Route("/sim/stats", stats, methods=["GET"]),
+            Route("/sim/arrivals", arrivals, methods=["GET"]),
             Route("/sim/reset", reset, methods=["POST"]),
         ]
     )
@@ -611,6 +661,25 @@ def parse_quotas(values: Iterable[str]) -> dict[str, Quota]:
     return quotas
 
 
+def parse_spreads(values: Iterable[str]) -> dict[str, Spread]:
+    """Call durations like `image=0.2..0.5` (seconds, drawn uniformly per call)."""
+    spreads: dict[str, Spread] = {}
+    for value in values:
+        provider, _, span = value.partition("=")
+        low, _, high = span.partition("..")
+        try:
+            bounds = float(low), float(high)
+        except ValueError:
+            bounds = None
+        if provider not in PROVIDERS or bounds is None:
+            raise ConfigError(
+                f"latency: expected PROVIDER=LOW..HIGH (seconds) with PROVIDER one of "
+                f"{', '.join(PROVIDERS)}, got {value!r}"
+            )
+        spreads[provider] = Spread(*bounds)
+    return spreads
+
+
 def run_server(
     host: str = "127.0.0.1",
     port: int = 8090,
@@ -618,12 +687,13 @@ def run_server(
     inject: str | Iterable[str] = frozenset(),
     seed: int = 0,
     quotas: Mapping[str, Quota] = STUDIO_QUOTAS,
+    spreads: Mapping[str, Spread] | None = None,
 ) -> None:
     """Serve the simulator until Ctrl-C or SIGTERM: the `headrace provider-sim` command.
     `inject` may be a comma-separated string like the INJECT variable ("ratelimit,flaky").
     Prints the URL once listening; a bad fault name raises ConfigError before anything starts."""
     faults = parse_inject(inject)
-    sim = ProviderSimulator(window, quotas=quotas, inject=faults, seed=seed)
+    sim = ProviderSimulator(window, quotas=quotas, inject=faults, seed=seed, spreads=spreads)
 
     def announce(server: SimServer) -> None:
         named = ",".join(sorted(faults)) or "none"

@@ -52,11 +52,6 @@ class StudioConfig:
     def assembly_time(self) -> float:
         return self.window / 30
 
-    @property
-    def guard(self) -> float:
-        # Our clock stamps a start at claim time, the vendor at arrival: absorb the difference.
-        return max(0.1, self.window / 50)
-
 
 @dataclass(frozen=True)
 class Studio:
@@ -92,7 +87,6 @@ def build(app: App, client: MiniMaxClient, config: StudioConfig | None = None) -
             gate,
             concurrency=quota.concurrency,
             rate=Rate(quota.rpm, per=config.window),
-            guard=config.guard,
         )
     app.gate("local:assembly", concurrency=2)
     stages = _Stages(client, config)
@@ -135,15 +129,15 @@ class _Stages:
         return Result(cost=float(self.config.shots))
 
     async def image(self, ctx: Context, ref: str) -> Result:
-        await self.client.generate_image(prompt_for(ref))
+        await self.client.generate_image(prompt_for(ref), started=ctx.started)
         return Result(cost=1.0)
 
     async def speech(self, ctx: Context, ref: str) -> Result:
-        speech = await self.client.synthesize_speech(line_for(ref))
+        speech = await self.client.synthesize_speech(line_for(ref), started=ctx.started)
         return Result(cost=float(speech.characters))
 
     async def video(self, ctx: Context, ref: str) -> RemoteWait | Result:
-        job = await self.client.submit_video(prompt_for(ref))
+        job = await self.client.submit_video(prompt_for(ref), started=ctx.started)
         if not self.config.hold_video_slot:
             return ctx.await_remote(
                 job, every=self.config.poll_every, timeout=self.config.window * 20

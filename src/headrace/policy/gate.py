@@ -3,6 +3,12 @@
 The functions here are pure: they take a `GateConfig`, a `GateState` and `now`, and return a
 decision or a new state. The stores persist `GateState` and call these inside their claim
 transaction; `Gate` wraps them with a mutable state for in-process use.
+
+A vendor counts a request when it arrives, not when we decide to send it. So a ticket granted
+on a rated gate reserves a start (`unstarted`) that counts in every window until it is stamped:
+by `start` when the handler is about to call (`ctx.started()`), or at the attempt's outcome
+when it never said (the call, if any, arrived before then). A start then counts for the window
+plus the gate's guard, which absorbs the time between our stamp and the vendor's arrival.
 """
 
 from __future__ import annotations
@@ -17,20 +23,23 @@ from headrace.policy.errors import ConfigError, UnknownGate
 from headrace.policy.rate import Rate
 
 TEMPLATE_SUFFIX = ":*"
+# The default guard: a share of the window, at most GUARD_MAX seconds (docs/explanation.md).
+GUARD_SHARE = 0.02
+GUARD_MAX = 0.25
 
 
 @dataclass(frozen=True)
 class GateConfig:
     """What a gate admits. `name` may be a template like `session:*` (one gate per key).
 
-    `guard` lengthens how long each start counts, to absorb jitter between our clock and the
-    clock of whoever counts on the other side (a vendor counting arrivals).
+    `guard` lengthens how long each start counts, to absorb the time between our stamp of a
+    call and its arrival where the vendor counts it; None is the default (`default_guard`).
     """
 
     name: str
     concurrency: int | None = None
     rate: Rate | None = None
-    guard: float = 0.0
+    guard: float | None = None
 
     def __post_init__(self) -> None:
         if not self.name or any(ch.isspace() for ch in self.name):
@@ -46,7 +55,7 @@ class GateConfig:
                 f"gate {self.name}: concurrency must be a positive integer, "
                 f"got {self.concurrency!r}"
             )
-        if (
+        if self.guard is not None and (
             isinstance(self.guard, bool)
             or not isinstance(self.guard, int | float)
             or not 0 <= self.guard < math.inf
@@ -62,12 +71,21 @@ class GateConfig:
     @property
     def counted_rate(self) -> Rate | None:
         """The rate as the store counts it: the window lengthened by the guard."""
-        if self.rate is None or not self.guard:
+        if self.rate is None:
+            return None
+        guard = default_guard(self.rate) if self.guard is None else self.guard
+        if not guard:
             return self.rate
-        return Rate(self.rate.n, per=self.rate.window + self.guard)
+        return Rate(self.rate.n, per=self.rate.window + guard)
 
     def for_key(self, name: str) -> GateConfig:
         return replace(self, name=name)
+
+
+def default_guard(rate: Rate) -> float:
+    """How much longer than its window a start counts unless the gate says otherwise: the
+    spread, on a loaded host, between stamping a call and the vendor seeing it arrive."""
+    return min(GUARD_MAX, rate.window * GUARD_SHARE)
 
 
 def resolve(name: str, configs: Mapping[str, GateConfig]) -> GateConfig:
@@ -82,6 +100,14 @@ def resolve(name: str, configs: Mapping[str, GateConfig]) -> GateConfig:
             return template.for_key(name)
         prefix, sep, _ = prefix.rpartition(":")
     raise UnknownGate(name)
+
+
+def find(name: str, configs: Mapping[str, GateConfig]) -> GateConfig | None:
+    """`resolve`, or None for a gate no spec matches (one this process does not declare)."""
+    try:
+        return resolve(name, configs)
+    except UnknownGate:
+        return None
 
 
 class Refusal(enum.Enum):
@@ -100,6 +126,7 @@ class GateState:
     rate_limited: int = 0
     peak_in_flight: int = 0
     first_blocked_at: float | None = None
+    unstarted: int = 0  # tickets granted on a rated gate whose call start is not stamped yet
 
 
 @dataclass(frozen=True)
@@ -124,23 +151,38 @@ def check(config: GateConfig, state: GateState, now: float) -> Refusal | None:
     if config.concurrency is not None and state.in_flight >= config.concurrency:
         return Refusal.CONCURRENCY
     counted = config.counted_rate
-    if counted is not None and not rating.admits(counted, state.starts, now, state.penalized_until):
+    if counted is not None and not rating.admits(
+        counted, state.starts, now, state.penalized_until, state.unstarted
+    ):
         return Refusal.TOKEN
     return None
 
 
 def grant(config: GateConfig, state: GateState, now: float) -> GateState:
-    """The state after a ticket is granted at `now` (the caller has checked first)."""
-    counted = config.counted_rate
-    starts = rating.record(counted, state.starts, now) if counted is not None else state.starts
+    """The state after a ticket is granted at `now` (the caller has checked first). On a rated
+    gate the ticket reserves a start, stamped later by `start`."""
     in_flight = state.in_flight + 1
     return replace(
         state,
         in_flight=in_flight,
-        starts=starts,
+        unstarted=state.unstarted + (config.rate is not None),
         granted=state.granted + 1,
         peak_in_flight=max(state.peak_in_flight, in_flight),
     )
+
+
+def start(config: GateConfig | None, state: GateState, now: float) -> GateState:
+    """The state after a reserved start is stamped at `now`: the call is about to leave (or,
+    stamped at an outcome, has left already). With no config (a process that does not declare
+    the gate), every start is kept; the next stamp by a process that knows the rate keeps the
+    newest n."""
+    if config is None:
+        starts = (*sorted(state.starts), now)
+    elif (counted := config.counted_rate) is not None:
+        starts = rating.record(counted, state.starts, now)
+    else:
+        return state
+    return replace(state, starts=starts, unstarted=max(0, state.unstarted - 1))
 
 
 def refuse(state: GateState, refusal: Refusal, now: float) -> GateState:
@@ -171,7 +213,7 @@ def next_admission(config: GateConfig, state: GateState, now: float) -> float | 
     counted = config.counted_rate
     if counted is None:
         return now
-    return rating.next_admission(counted, state.starts, now, state.penalized_until)
+    return rating.next_admission(counted, state.starts, now, state.penalized_until, state.unstarted)
 
 
 def statistics(config: GateConfig, state: GateState, now: float) -> GateStatistics:
@@ -199,11 +241,12 @@ class Gate:
         self.state = GateState()
 
     def try_acquire(self, now: float) -> bool:
+        """Take a ticket to start at once: the start is stamped with the grant."""
         refusal = check(self.config, self.state, now)
         if refusal is not None:
             self.state = refuse(self.state, refusal, now)
             return False
-        self.state = grant(self.config, self.state, now)
+        self.state = start(self.config, grant(self.config, self.state, now), now)
         return True
 
     def release(self) -> None:

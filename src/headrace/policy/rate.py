@@ -48,8 +48,13 @@ def recent(starts: Sequence[float], window: float, now: float) -> int:
     return sum(1 for start in starts if now < start + window)
 
 
-def admits(rate: Rate, starts: Sequence[float], now: float, penalized_until: float) -> bool:
-    return recent(starts, rate.window, now) < rate.capacity(now, penalized_until)
+def admits(
+    rate: Rate, starts: Sequence[float], now: float, penalized_until: float, reserved: int = 0
+) -> bool:
+    """Whether a start at `now` keeps every window within capacity. `reserved` starts were
+    granted but not stamped yet: each may arrive at any moment, so each counts in every window
+    until it is stamped."""
+    return recent(starts, rate.window, now) + reserved < rate.capacity(now, penalized_until)
 
 
 def record(rate: Rate, starts: Sequence[float], now: float) -> tuple[float, ...]:
@@ -58,19 +63,28 @@ def record(rate: Rate, starts: Sequence[float], now: float) -> tuple[float, ...]
 
 
 def next_admission(
-    rate: Rate, starts: Sequence[float], now: float, penalized_until: float
-) -> float:
-    """The earliest time at or after `now` when a start would be admitted."""
-    if admits(rate, starts, now, penalized_until):
+    rate: Rate, starts: Sequence[float], now: float, penalized_until: float, reserved: int = 0
+) -> float | None:
+    """The earliest time at or after `now` when a start would be admitted, if the `reserved`
+    starts stayed unstamped; None when only stamping or releasing them can make room."""
+    if admits(rate, starts, now, penalized_until, reserved):
         return now
     ordered = sorted(starts)
-    capacity = rate.capacity(now, penalized_until)
-    during_penalty = ordered[-capacity] + rate.window
+
+    def once_room_for(capacity: int) -> float | None:
+        # The newest `capacity - reserved - 1` starts may still count: the one before them
+        # must have left the window.
+        room = capacity - reserved
+        if room < 1:
+            return None
+        return ordered[-room] + rate.window if len(ordered) >= room else now
+
     if now < penalized_until:
-        full = ordered[-rate.n] + rate.window if len(ordered) >= rate.n else penalized_until
-        after_penalty = max(penalized_until, full)
-        return min(during_penalty, after_penalty)
-    return during_penalty
+        during = once_room_for(rate.capacity(now, penalized_until))
+        full = once_room_for(rate.n)
+        after = None if full is None else max(penalized_until, full)
+        return min((t for t in (during, after) if t is not None), default=None)
+    return once_room_for(rate.n)
 
 
 def penalty_end(rate: Rate, now: float, penalized_until: float) -> float:

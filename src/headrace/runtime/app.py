@@ -148,12 +148,14 @@ class App:
         *,
         concurrency: int | None = None,
         rate: Rate | None = None,
-        guard: Duration = 0.0,
+        guard: Duration | None = None,
     ) -> GateConfig:
-        """Declare a gate: a concurrency cap, a rate, or both. `session:*` makes one per key."""
+        """Declare a gate: a concurrency cap, a rate, or both. `session:*` makes one per key.
+        `guard` (default: `policy.gate.default_guard`) lengthens how long each start counts."""
         if self._opened is not None:
             raise ConfigError(f"gate {name}: declare gates before the app is opened")
-        config = GateConfig(name, concurrency, rate, seconds(guard, field="gate.guard"))
+        counted = None if guard is None else seconds(guard, field="gate.guard")
+        config = GateConfig(name, concurrency, rate, counted)
         self.gates[name] = config
         return config
 

@@ -34,6 +34,14 @@ class Context:
     def attempt(self) -> int:
         return self.lease.task.attempt
 
+    async def started(self, *gates: str) -> None:
+        """Say the call is about to leave: stamp the start this attempt reserved on its rated
+        gates (those named, or every one not stamped yet), so the gates count it from now
+        rather than from the attempt's end. Call it right before the request; a provider
+        adapter does it for you when given `ctx.started`. Raises LeaseLost when another worker
+        owns the task now: then do not make the call."""
+        await self.app.store.start(self.lease, gates or None)
+
     def spawn(
         self,
         definition: TaskDefinition | str,

@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from headrace.pipelines.providersim import parse_inject, parse_quotas, run_server
+from headrace.pipelines.providersim import parse_inject, parse_quotas, parse_spreads, run_server
 from headrace.pipelines.studio_scenario import Scenario
 from headrace.policy.durations import seconds
 from headrace.policy.errors import ConfigError, UnknownTask
@@ -179,13 +179,25 @@ def worker(
     multiple=True,
     help="Override a quota: PROVIDER=RPM/CONCURRENCY, e.g. image=30/3 (repeatable).",
 )
+@click.option(
+    "--latency",
+    "spreads",
+    multiple=True,
+    help="Call durations: PROVIDER=LOW..HIGH seconds, e.g. image=0.2..0.5 (repeatable).",
+)
 def provider_sim(
-    host: str, port: int, window: str, inject: str, seed: int, quotas: tuple[str, ...]
+    host: str,
+    port: int,
+    window: str,
+    inject: str,
+    seed: int,
+    quotas: tuple[str, ...],
+    spreads: tuple[str, ...],
 ) -> None:
     """Serve the MiniMax-shaped provider simulator, the quota referee, over HTTP."""
     try:
-        limits = parse_quotas(quotas)
-        run_server(host, port, _duration(window, "--window"), inject, seed, limits)
+        limits, durations = parse_quotas(quotas), parse_spreads(spreads)
+        run_server(host, port, _duration(window, "--window"), inject, seed, limits, durations)
     except ConfigError as error:
         raise click.BadParameter(str(error)) from None
 

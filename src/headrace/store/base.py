@@ -66,6 +66,13 @@ class Store(Protocol):
         """Extend leases still held; None for each one lost."""
         ...
 
+    async def start(self, lease: Lease, gates: Collection[str] | None = None) -> None:
+        """Stamp the call start the task's tickets reserved on rated gates (those among `gates`,
+        or all) at the store's time: from now the start counts in its gates' windows. A start
+        never stamped is stamped at the attempt's outcome. Raise LeaseLost if the lease is no
+        longer held (the caller must then not make the call)."""
+        ...
+
     async def finish(self, lease: Lease, outcome: Outcome) -> None:
         """Record an attempt's outcome; raise LeaseLost if the lease is no longer held."""
         ...

@@ -67,7 +67,7 @@ class MemoryStore:
         self._dependents: dict[int, set[int]] = defaultdict(set)
         self._deps: dict[int, set[int]] = defaultdict(set)
         self._unmet: dict[int, int] = {}
-        self._tickets: dict[int, tuple[str, ...]] = {}
+        self._tickets: dict[int, dict[str, bool]] = {}  # by task: gate -> start stamped
         self._gates: dict[str, GateState] = {}
         self._flow_finish: dict[str, float] = {}
         self._virtual_time = 0.0
@@ -283,7 +283,7 @@ class MemoryStore:
         self._virtual_time = fairness.advance(self._virtual_time, task.tag)
         self._dispatches += 1
         self._served[task.flow] = self._dispatches
-        self._tickets[task.id] = task.gates
+        self._tickets[task.id] = {name: not self._rated(name) for name in task.gates}
         number = task.attempt + 1
         record = replace(
             task,
@@ -357,6 +357,13 @@ class MemoryStore:
             and task.lease_until > now
         )
 
+    async def start(self, lease: Lease, gates: Collection[str] | None = None) -> None:
+        now = self.clock.now()
+        task = self._tasks.get(lease.task_id)
+        if task is None or not self._holds(task, lease, now):
+            raise LeaseLost(lease.task_id)
+        self._stamp_starts(task.id, now, gates)
+
     async def finish(self, lease: Lease, outcome: Outcome) -> None:
         now = self.clock.now()
         task = self._tasks.get(lease.task_id)
@@ -392,7 +399,7 @@ class MemoryStore:
         elif isinstance(outcome, Retry):
             self._penalize(outcome.penalize, now)
             self._end_attempt(task, now, AttemptOutcome.RETRY, outcome.error)
-            self._release(task.id)
+            self._release(task.id, now)
             self._put(
                 replace(
                     task,
@@ -412,6 +419,7 @@ class MemoryStore:
             self._bury(task, now, outcome.error.code)
         elif isinstance(outcome, AwaitRemote):
             self._end_attempt(task, now, AttemptOutcome.WAITING, None)
+            self._stamp_starts(task.id, now)  # the job was submitted: counted from now at latest
             deadline = now + outcome.timeout if outcome.timeout is not None else None
             self._put(
                 replace(
@@ -431,7 +439,7 @@ class MemoryStore:
             self._end_attempt(task, now, AttemptOutcome.SUCCEEDED, None)
         else:
             self._close_remote_attempt(task, now, AttemptOutcome.SUCCEEDED, None)
-        self._release(task.id)
+        self._release(task.id, now)
         self._put(
             replace(
                 task, state=TaskState.SUCCEEDED, finished_at=now, lease_until=None, error_code=None
@@ -447,7 +455,7 @@ class MemoryStore:
                 self._put(replace(record, state=TaskState.READY, ready_since=now))
 
     def _bury(self, task: TaskRecord, now: float, code: str) -> None:
-        self._release(task.id)
+        self._release(task.id, now)
         self._put(
             replace(
                 task,
@@ -477,8 +485,21 @@ class MemoryStore:
         if history and history[-1].outcome is AttemptOutcome.WAITING:
             history[-1] = _ended(history[-1], now, outcome, error)
 
-    def _release(self, task_id: int) -> None:
-        for name in self._tickets.pop(task_id, ()):
+    def _rated(self, name: str) -> bool:
+        return gating.resolve(name, self._configs).rate is not None
+
+    def _stamp_starts(self, task_id: int, now: float, gates: Collection[str] | None = None) -> None:
+        tickets = self._tickets.get(task_id, {})
+        for name, started in sorted(tickets.items()):
+            if started or (gates is not None and name not in gates):
+                continue
+            config = gating.find(name, self._configs)
+            self._gates[name] = gating.start(config, self._gate_state(name), now)
+            tickets[name] = True
+
+    def _release(self, task_id: int, now: float) -> None:
+        self._stamp_starts(task_id, now)  # never stamped: counts from the outcome
+        for name in self._tickets.pop(task_id, {}):
             self._gates[name] = gating.release(self._gate_state(name))
 
     def _penalize(self, names: Sequence[str], now: float) -> None:
@@ -506,7 +527,7 @@ class MemoryStore:
             if task.state is TaskState.RUNNING:
                 history = self._attempts[task_id]
                 history[-1] = _ended(history[-1], now, AttemptOutcome.CANCELLED, None)
-        self._release(task_id)
+        self._release(task_id, now)
         self._put(
             replace(
                 task,
@@ -590,7 +611,7 @@ class MemoryStore:
             code = POISON if expiries >= self.settings.poison_expiries else LEASE_EXPIRED
             self._bury(task, now, code)
             return
-        self._release(task.id)
+        self._release(task.id, now)
         self._put(
             replace(
                 task,

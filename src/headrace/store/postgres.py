@@ -335,6 +335,10 @@ class PostgresStore:
         held = tuple(leases)
         return await self._write(lambda tx: tx.renew(held, lease_for))
 
+    async def start(self, lease: Lease, gates: Collection[str] | None = None) -> None:
+        chosen = None if gates is None else frozenset(gates)
+        await self._write(lambda tx: tx.start(lease, chosen), clock_first=False)
+
     async def finish(self, lease: Lease, outcome: Outcome) -> None:
         await self._write(lambda tx: tx.finish(lease, outcome), clock_first=False)
 
@@ -1208,9 +1212,11 @@ class _Transaction:
         ids = [task.id for task in chosen]
         flows = sorted(self._served_now)
         await self.run("lock_flows", flows=flows)  # before the counters
+        rated = sorted({name for task in chosen for name in task.gates if self.rated(name)})
         leased = await self.send(
             "lease_tasks",
             ids=ids,
+            rated=rated,
             worker=worker,
             until=until,
             virtual_time=self._virtual_time or 0.0,
@@ -1264,7 +1270,8 @@ class _Transaction:
         return self._tickets[task_id]
 
     async def release(self, task_id: int, *, delete: bool = True) -> None:
-        """Return a task's tickets to their gates (`delete=False`: the caller deletes the rows)."""
+        """Return a task's tickets to their gates (`delete=False`: the caller deletes the rows);
+        a start never stamped is stamped now, at the outcome."""
         held = await self.ticket_counts(task_id)
         self._tickets[task_id] = []
         if not held:
@@ -1272,10 +1279,47 @@ class _Transaction:
         await self.gates.lock(found["gate"] for found in held)
         for found in held:
             name = found["gate"]
-            self.gates.put(name, gating.release(self.gates.get(name), int(found["n"])))
+            state = self.stamped(name, int(found["unstarted"]))
+            self.gates.put(name, gating.release(state, int(found["n"])))
         if delete:
             await self.run("delete_tickets", task_id=task_id)
         self.wake = True
+
+    def rated(self, name: str) -> bool:
+        return gating.resolve(name, self.configs).rate is not None
+
+    def stamped(self, name: str, count: int) -> GateState:
+        """The state of gate `name` (locked) after `count` of its reserved starts are stamped."""
+        state, config = self.gates.get(name), gating.find(name, self.configs)
+        for _ in range(count):
+            state = gating.start(config, state, self.now)
+        return state
+
+    async def start(self, lease: Lease, gates: Collection[str] | None) -> None:
+        """Stamp the reserved starts of the task `lease` holds (on `gates`, or every one)."""
+        found = await self.row("lock_task", id=lease.task_id)
+        task = None if found is None else _record(found)
+        await self.read_clock()
+        if task is None or not _holds(task, lease.token, self.now):
+            raise LeaseLost(lease.task_id)
+        await self.stamp_starts(task.id, gates)
+
+    async def stamp_starts(self, task_id: int, gates: Collection[str] | None = None) -> None:
+        """Stamp a held task's reserved starts now; its tickets stay held."""
+        held = await self.ticket_counts(task_id)
+        chosen = [
+            found
+            for found in held
+            if found["unstarted"] and (gates is None or found["gate"] in gates)
+        ]
+        if not chosen:
+            return
+        names = [found["gate"] for found in chosen]
+        await self.gates.lock(names, clock=True)
+        for found in chosen:
+            self.gates.put(found["gate"], self.stamped(found["gate"], int(found["unstarted"])))
+        await self.run("mark_started", task_id=task_id, gates=names)
+        self._tickets.pop(task_id, None)  # read again if needed: the rows changed
 
     async def penalize(self, names: Sequence[str]) -> None:
         configs = {name: gating.resolve(name, self.configs) for name in names}
@@ -1455,6 +1499,7 @@ class _Transaction:
         if task.state is TaskState.WAITING:
             raise ConfigError("AwaitRemote: the task is already waiting on a remote job")
         await self.end_attempt(task, AttemptOutcome.WAITING, None)
+        await self.stamp_starts(task.id)  # the job was submitted: counted from now at latest
         deadline = self.now + outcome.timeout if outcome.timeout is not None else None
         await self.run(
             "mark_waiting",
@@ -1816,6 +1861,7 @@ def _gate_state(row: DictRow) -> GateState:
         rate_limited=row["rate_limited"],
         peak_in_flight=row["peak_in_flight"],
         first_blocked_at=row["first_blocked_at"],
+        unstarted=row["unstarted"],
     )
 
 
@@ -1832,6 +1878,7 @@ def _gate_params(name: str, state: GateState) -> dict[str, object]:
         "rate_limited": state.rate_limited,
         "peak_in_flight": state.peak_in_flight,
         "first_blocked_at": state.first_blocked_at,
+        "unstarted": state.unstarted,
     }
 
 

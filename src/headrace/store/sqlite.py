@@ -173,6 +173,10 @@ class SQLiteStore:
         held = tuple(leases)
         return await self._write(lambda tx: tx.renew(held, lease_for))
 
+    async def start(self, lease: Lease, gates: Collection[str] | None = None) -> None:
+        chosen = None if gates is None else frozenset(gates)
+        await self._write(lambda tx: tx.start(lease, chosen))
+
     async def finish(self, lease: Lease, outcome: Outcome) -> None:
         await self._write(lambda tx: tx.finish(lease, outcome))
 
@@ -562,7 +566,10 @@ class _Transaction:
     def lease(self, task: TaskRecord, worker: str, lease_for: float) -> Lease:
         self.advance_virtual_time(task.tag)
         self.mark_served(task.flow)
-        self.run_many("insert_ticket", ({"task_id": task.id, "gate": g} for g in task.gates))
+        self.run_many(
+            "insert_ticket",
+            ({"task_id": task.id, "gate": g, "started": not self.rated(g)} for g in task.gates),
+        )
         until = self.now + lease_for
         record = _record(self.one("lease_task", id=task.id, worker=worker, until=until))
         self.run("insert_attempt", task_id=task.id, number=record.attempt, worker=worker)
@@ -598,7 +605,25 @@ class _Transaction:
     def save_gate(self, name: str, state: GateState) -> None:
         self.run("save_gate", **_gate_params(name, state))
 
+    def rated(self, gate: str) -> bool:
+        return gating.resolve(gate, self.configs).rate is not None
+
+    def start(self, lease: Lease, gates: Collection[str] | None) -> None:
+        """Stamp the task's reserved starts (on `gates`, or every one) at the store's now."""
+        self.held(lease)
+        self.stamp_starts(lease.task_id, gates)
+
+    def stamp_starts(self, task_id: int, gates: Collection[str] | None = None) -> None:
+        for found in self.rows("unstarted_tickets", task_id=task_id):
+            name = found["gate"]
+            if gates is not None and name not in gates:
+                continue
+            config = gating.find(name, self.configs)
+            self.save_gate(name, gating.start(config, self.gate_state(name), self.now))
+            self.run("mark_started", task_id=task_id, gate=name)
+
     def release(self, task_id: int) -> None:
+        self.stamp_starts(task_id)  # a start never stamped counts from the outcome
         for held in self.rows("ticket_counts", task_id=task_id):
             name = held["gate"]
             self.save_gate(name, gating.release(self.gate_state(name), held["n"]))
@@ -688,6 +713,7 @@ class _Transaction:
         if task.state is TaskState.WAITING:
             raise ConfigError("AwaitRemote: the task is already waiting on a remote job")
         self.end_attempt(task, AttemptOutcome.WAITING, None)
+        self.stamp_starts(task.id)  # the job was submitted: its start counts from now at latest
         deadline = self.now + outcome.timeout if outcome.timeout is not None else None
         self.run(
             "mark_waiting",
@@ -928,6 +954,7 @@ def _gate_state(row: sqlite3.Row) -> GateState:
         rate_limited=row["rate_limited"],
         peak_in_flight=row["peak_in_flight"],
         first_blocked_at=row["first_blocked_at"],
+        unstarted=row["unstarted"],
     )
 
 
@@ -944,6 +971,7 @@ def _gate_params(name: str, state: GateState) -> dict[str, object]:
         "rate_limited": state.rate_limited,
         "peak_in_flight": state.peak_in_flight,
         "first_blocked_at": state.first_blocked_at,
+        "unstarted": state.unstarted,
     }
 
 

@@ -312,8 +312,9 @@ WITH leased AS (
 ), started AS (
     INSERT INTO attempts (task_id, number, worker, started_at, outcome)
     SELECT id, attempt, worker, %(now)s::double precision, 'running' FROM leased
-), granted AS (
-    INSERT INTO tickets (task_id, gate) SELECT id, unnest(gates) FROM leased
+), granted AS (  -- a ticket on a rated gate reserves a start, stamped later
+    INSERT INTO tickets (task_id, gate, started)
+    SELECT id, gate, gate <> ALL(%(rated)s::text[]) FROM leased, unnest(gates) AS g (gate)
 ), counted AS (
     -- both rows in one statement, so every claim locks them in the same order
     UPDATE meta
@@ -346,14 +347,21 @@ WHERE task_id = %(task_id)s::bigint AND number = %(number)s::integer
 SELECT DISTINCT gate FROM tickets WHERE task_id = ANY(%(task_ids)s::bigint[]);
 
 -- name: ticket_counts_many
--- The tickets tasks hold, per task and gate.
-SELECT task_id, gate, count(*) AS n FROM tickets WHERE task_id = ANY(%(task_ids)s::bigint[])
+-- The tickets tasks hold, per task and gate, and how many have no call start stamped yet.
+SELECT task_id, gate, count(*) AS n, count(*) FILTER (WHERE NOT started) AS unstarted
+FROM tickets WHERE task_id = ANY(%(task_ids)s::bigint[])
 GROUP BY task_id, gate;
 
 -- name: ticket_counts
--- The tickets a task holds, per gate.
-SELECT gate, count(*) AS n FROM tickets WHERE task_id = %(task_id)s::bigint
+-- The tickets a task holds, per gate, and how many have no call start stamped yet.
+SELECT gate, count(*) AS n, count(*) FILTER (WHERE NOT started) AS unstarted
+FROM tickets WHERE task_id = %(task_id)s::bigint
 GROUP BY gate ORDER BY gate;
+
+-- name: mark_started
+-- The call starts of a task's tickets on these gates are stamped.
+UPDATE tickets SET started = true
+WHERE task_id = %(task_id)s::bigint AND gate = ANY(%(gates)s::text[]) AND NOT started;
 
 -- name: delete_tickets
 -- Return every ticket a task holds.
@@ -386,7 +394,8 @@ SET in_flight = %(in_flight)s::integer,
     blocked_by_concurrency = %(blocked_by_concurrency)s::bigint,
     rate_limited = %(rate_limited)s::bigint,
     peak_in_flight = %(peak_in_flight)s::integer,
-    first_blocked_at = %(first_blocked_at)s::double precision
+    first_blocked_at = %(first_blocked_at)s::double precision,
+    unstarted = %(unstarted)s::integer
 WHERE name = %(name)s::text;
 
 -- name: all_gates

@@ -61,10 +61,12 @@ CREATE TABLE task_deps (
 
 CREATE INDEX task_deps_task ON task_deps (task_id);
 
--- One row per ticket a gate granted a task, held until the task's outcome.
+-- One row per ticket a gate granted a task, held until the task's outcome. `started`: its call
+-- start is stamped (always, on a gate without a rate).
 CREATE TABLE tickets (
-    task_id bigint NOT NULL REFERENCES tasks (id),
-    gate    text   NOT NULL
+    task_id bigint  NOT NULL REFERENCES tasks (id),
+    gate    text    NOT NULL,
+    started boolean NOT NULL DEFAULT true
 );
 
 CREATE INDEX tickets_task ON tickets (task_id);
@@ -81,7 +83,8 @@ CREATE TABLE gates (
     blocked_by_concurrency bigint             NOT NULL DEFAULT 0,
     rate_limited           bigint             NOT NULL DEFAULT 0,
     peak_in_flight         integer            NOT NULL DEFAULT 0,
-    first_blocked_at       double precision
+    first_blocked_at       double precision,
+    unstarted              integer            NOT NULL DEFAULT 0  -- starts not stamped yet
 );
 
 -- Each flow's finish tag (where its next task's start tag begins) and when it was last served

@@ -204,8 +204,16 @@ WHERE task_id = :task_id AND number = :number AND outcome IN ('running', 'waitin
 SELECT min(run_at) AS at FROM tasks WHERE state = 'ready' AND run_at > :now;
 
 -- name: insert_ticket
--- A gate granted a task one ticket.
-INSERT INTO tickets (task_id, gate) VALUES (:task_id, :gate);
+-- A gate granted a task one ticket (`started` 0: it reserves a start on a rated gate).
+INSERT INTO tickets (task_id, gate, started) VALUES (:task_id, :gate, :started);
+
+-- name: unstarted_tickets
+-- The tickets of a task whose call start is not stamped yet, by gate.
+SELECT gate FROM tickets WHERE task_id = :task_id AND NOT started ORDER BY gate;
+
+-- name: mark_started
+-- A ticket's call start is stamped.
+UPDATE tickets SET started = 1 WHERE task_id = :task_id AND gate = :gate;
 
 -- name: ticket_counts
 -- The tickets a task holds, per gate.
@@ -223,13 +231,14 @@ SELECT * FROM gates WHERE name = :name;
 -- Write one gate's state.
 INSERT INTO gates (
     name, in_flight, starts, penalized_until, granted, blocked_by_token,
-    blocked_by_concurrency, rate_limited, peak_in_flight, first_blocked_at
+    blocked_by_concurrency, rate_limited, peak_in_flight, first_blocked_at, unstarted
 ) VALUES (
     :name, :in_flight, :starts, :penalized_until, :granted, :blocked_by_token,
-    :blocked_by_concurrency, :rate_limited, :peak_in_flight, :first_blocked_at
+    :blocked_by_concurrency, :rate_limited, :peak_in_flight, :first_blocked_at, :unstarted
 )
 ON CONFLICT (name) DO UPDATE SET
     in_flight = excluded.in_flight,
+    unstarted = excluded.unstarted,
     starts = excluded.starts,
     penalized_until = excluded.penalized_until,
     granted = excluded.granted,

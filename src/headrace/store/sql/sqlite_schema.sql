@@ -52,10 +52,11 @@ CREATE TABLE task_deps (
     PRIMARY KEY (dep_id, task_id)
 ) WITHOUT ROWID;
 
--- One row per ticket a gate granted a task, held until the task's outcome.
+-- One row per ticket a gate granted a task, held until the task's outcome. `started`: its call
+-- start is stamped (always, on a gate without a rate).
 CREATE TABLE tickets (
     task_id INTEGER NOT NULL REFERENCES tasks (id),
-    gate    TEXT    NOT NULL
+    gate    TEXT    NOT NULL, started INTEGER NOT NULL DEFAULT 1
 );
 
 CREATE INDEX tickets_task ON tickets (task_id);
@@ -71,7 +72,7 @@ CREATE TABLE gates (
     blocked_by_concurrency INTEGER NOT NULL,
     rate_limited           INTEGER NOT NULL,
     peak_in_flight         INTEGER NOT NULL,
-    first_blocked_at       REAL
+    first_blocked_at       REAL, unstarted INTEGER NOT NULL DEFAULT 0  -- starts not stamped yet
 ) WITHOUT ROWID;
 
 -- Each flow's finish tag (where its next task's start tag begins) and when it was last served
