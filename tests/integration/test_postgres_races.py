@@ -6,13 +6,17 @@ set)."""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 from collections.abc import AsyncIterator
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Barrier
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
 
+from headrace.policy import GateConfig, Tier
 from headrace.store.memory import MemoryStore
 from headrace.store.postgres import PostgresStore
 from headrace.store.types import NewTask, Settings, Sibling, Succeeded, TaskState
@@ -138,3 +142,86 @@ async def test_the_one_statement_submit_tags_as_the_policy_does(
     theirs = {t.ref: t.tag for t in await model.tasks()}
     assert ours == theirs
     assert len(ours) == 4 * 12
+
+
+PROBES = 24
+CLAIMERS = 2
+LOW_TASKS = 40  # more than one claim's first batch: the other claim reads past it
+ORDERED_GATE = GateConfig("lane:*", concurrency=3)  # a gate of its own for each probe
+
+
+def claim_probes(url: str, name: str, start: Barrier, out: Queue[tuple[int, list[str]]]) -> None:
+    """One worker process: at each probe, wake with the others and claim up to three tasks."""
+
+    async def run() -> None:
+        store = PostgresStore.from_url(url)
+        await store.open(Settings(gates=(ORDERED_GATE,)))
+        try:
+            await store.now()
+            for probe in range(PROBES):
+                start.wait(timeout=30)
+                claimed = await store.claim(name, 3, lease_for=30.0, kinds=[f"k{probe}"])
+                out.put((probe, [lease.task.ref for lease in claimed.leases]))
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+
+
+async def submit_probe(url: str, probe: int) -> None:
+    store = PostgresStore.from_url(url)
+    await store.open(Settings(gates=(ORDERED_GATE,)))
+    try:
+        kind, gate = f"k{probe}", (f"lane:{probe}",)
+        await store.submit([NewTask(kind, "rush", gates=gate, tier=Tier.RUSH)])
+        await store.submit(
+            [NewTask(kind, f"low{i}", gates=gate, tier=Tier.LOW) for i in range(LOW_TASKS)]
+        )
+    finally:
+        await store.close()
+
+
+@pytest.mark.realtime
+def test_claims_from_two_processes_at_once_keep_tier_order_for_a_gates_tickets() -> None:
+    """Two worker processes wake together and claim, over and over: whichever takes the gate's
+    three tickets, the rush task ahead of the low ones is among them, never skipped because the
+    other claim held it while that one handed the tickets to low tasks."""
+    context = multiprocessing.get_context("spawn")
+    with fresh_schema("headrace_order") as url:
+        start = context.Barrier(CLAIMERS + 1)
+        out: Queue[tuple[int, list[str]]] = context.Queue()
+        workers = [
+            context.Process(target=claim_probes, args=(url, f"w{n}", start, out))
+            for n in range(CLAIMERS)
+        ]
+        for worker in workers:
+            worker.start()
+        try:
+            for probe in range(PROBES):
+                asyncio.run(submit_probe(url, probe))
+                start.wait(timeout=30)
+                granted = [ref for _ in workers for ref in out.get(timeout=30)[1]]
+                assert len(granted) == 3, f"probe {probe}: {granted}"
+                assert "rush" in granted, f"probe {probe}: the rush task lost to {granted}"
+        finally:
+            for worker in workers:
+                worker.join(timeout=30)
+                if worker.is_alive():
+                    worker.kill()
+
+
+async def test_a_claim_reads_past_a_batch_another_transaction_holds(
+    stores: list[PostgresStore],
+) -> None:
+    """Every task of a claim's first batch is locked by someone else: the claim goes on to the
+    next batch instead of giving up (or failing)."""
+    store = stores[0]
+    subs = await store.submit([NewTask("shot", f"t{i:02d}") for i in range(30)])
+    first_batch = 2 * 1 + 8  # rounds(): the first batch is just big enough for the limit
+    async with await psycopg.AsyncConnection.connect(store.dsn) as other:
+        await other.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(store.schema)))
+        ids = [s.id for s in subs[:first_batch]]
+        await other.execute("SELECT id FROM tasks WHERE id = ANY(%s) FOR UPDATE", [ids])
+        claimed = await store.claim("w", 1, lease_for=30.0)
+        await other.rollback()
+    assert [lease.task.ref for lease in claimed.leases] == [f"t{first_batch:02d}"]

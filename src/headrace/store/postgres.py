@@ -314,13 +314,13 @@ class PostgresStore:
         sweep = not self._swept_at <= seen < self._swept_at + SWEEP_EVERY
 
         async def verb(tx: _Transaction) -> _Claimed:
-            return await tx.claim(
-                worker, limit, lease_for, wanted, sweep=sweep, durable=self.durable_claims
-            )
+            return await tx.claim(worker, limit, lease_for, wanted, durable=self.durable_claims)
 
-        claimed = await self._write(verb, clock_first=False)  # the claim reads it in passing
         if sweep:
-            self._swept_at = claimed.now
+            # Its own transaction: the tasks it makes ready or promotes are not held by a claim
+            # that has yet to lock their gates (another claim would skip them, out of order).
+            self._swept_at = await self._write(lambda tx: tx.sweep())
+        claimed = await self._write(verb, clock_first=False)  # the claim reads it in passing
         return await claimed.result()
 
     async def claim_polls(
@@ -736,6 +736,11 @@ class _GateRows:
         if clock:
             await self._tx.read_clock(time)
 
+    def take(self, rows: Iterable[DictRow]) -> None:
+        """Gate rows this transaction has just locked."""
+        for found in rows:
+            self.states[found["name"]] = _gate_state(found)
+
     def get(self, name: str) -> GateState:
         return self.states[name]
 
@@ -1069,18 +1074,13 @@ class _Transaction:
         lease_for: float,
         kinds: list[str] | None,
         *,
-        sweep: bool = True,
         durable: bool = True,
     ) -> _Claimed:
-        """With `sweep`, reap expired leases and age low tasks first. Otherwise the claim's
-        time, counters and next run_at (`claim_start`) come back with the first candidates, in
-        one round trip. Not `durable`: the commit does not wait for the WAL flush."""
-        if sweep:
-            await self.read_clock()
-            aging = await self.send_aging()
-            if await self.reap():
-                aging = await self.send_aging()  # tasks made ready again may age as well
-            await self.age(aging)
+        """The claim's time, counters and next run_at (`claim_start`) come back with the first
+        batch's gates, in one round trip. Each batch's gates are locked before its tasks, so a
+        task is only ever held by a claim that holds its gates: two claims never hand a gate's
+        tickets out of (tier, tag) order. Not `durable`: the commit does not wait for the WAL
+        flush."""
         clock = None if self._clock is None else self._clock.now()
         commit = "on" if durable else "off"
         start: psycopg.AsyncCursor[DictRow] | None = await self.send(
@@ -1094,7 +1094,7 @@ class _Transaction:
             async for candidates in rounds:
                 if start is not None:
                     next_at, start = await self.read_claim_start(start), None
-                book = await self.open_book(book, candidates)
+                book = book or GateBook(self.configs, self.gates.get, self.now)
                 self.admit(book, candidates, chosen, excluded, limit)
                 if len(chosen) >= limit:
                     break
@@ -1105,6 +1105,15 @@ class _Transaction:
             self.gates.put(name, book.states[name])
         wake_at = earliest(book.wake_at(), next_at)
         return await self.lease(chosen, worker, lease_for, wake_at)
+
+    async def sweep(self) -> float:
+        """Reap expired leases and age low tasks; return the store time it ran at."""
+        await self.read_clock()
+        aging = await self.send_aging()
+        if await self.reap():
+            aging = await self.send_aging()  # tasks made ready again may age as well
+        await self.age(aging)
+        return self.now
 
     async def read_claim_start(self, sent: psycopg.AsyncCursor[DictRow]) -> float | None:
         """The time `claim_start` fixed for the claim's statements and the counters it read;
@@ -1121,42 +1130,72 @@ class _Transaction:
     async def rounds(
         self, kinds: list[str] | None, excluded: set[str], limit: int
     ) -> AsyncGenerator[list[TaskRecord], None]:
-        """Ready tasks due now in (tier, tag, id) order, read a batch at a time (the first just
-        big enough for `limit`, then growing) and handed out whole rounds at a time: a run of
-        equal (tier, tag) is never split, so `take_turns` sees each round entire. Gate keys in
-        `excluded` (refused so far) are left out of later batches."""
+        """Ready tasks due now in (tier, tag, id) order, a batch at a time (the first just big
+        enough for `limit`, then growing): each batch's gates locked first, then its tasks whose
+        gates this claim holds. Handed out whole rounds at a time: a run of equal (tier, tag)
+        is never split, so `take_turns` sees each round entire. Gate keys in `excluded`
+        (refused so far) are left out of later batches."""
         after: tuple[int, float, int] = (-1, 0.0, 0)
         size = min(CLAIM_BATCH, 2 * limit + 8)
         held: list[TaskRecord] = []
+        filters = {"kinds": kinds}
         while True:
+            refused = sorted(excluded)
+            batch = {"tier": after[0], "tag": after[1], "id": after[2], "refused": refused}
+            peeked, last = await self.lock_batch_gates({**filters, **batch}, size)
+            if last is None:  # nothing left
+                if held:
+                    yield held
+                return
             found = await self.rows(
                 "ready_candidates",
-                tier=after[0],
-                tag=after[1],
-                id=after[2],
-                kinds=kinds,
-                refused=sorted(excluded),
-                batch=size,
+                **filters,
+                **batch,
+                last_tier=last[0],
+                last_tag=last[1],
+                last_id=last[2],
+                held=sorted(self.gates.states),
             )
             for row in found:  # when each flow was last served, read with the candidates
                 self._served.setdefault(row["flow"], int(row["flow_served"]))
-            batch = [_record(row) for row in found]
-            if len(batch) < size:
-                if held or batch:
-                    yield held + batch
+            tasks = [_record(row) for row in found]
+            if peeked < size:
+                if held or tasks:
+                    yield held + tasks
                 return
-            after = (int(batch[-1].tier), batch[-1].tag, batch[-1].id)
+            after = last
             size = min(CLAIM_BATCH, size * 4)
-            whole, held = _split_last_round([*held, *batch])
+            if not (held or tasks):  # every task of the batch held by others, or refused
+                continue
+            whole, held = _split_last_round([*held, *tasks])
             if whole:
                 yield whole
 
-    async def open_book(self, book: GateBook | None, candidates: Sequence[TaskRecord]) -> GateBook:
-        """Lock the gates `candidates` need; the first time, read the clock after waiting for
-        them and open the book the claim decides with."""
-        gates = (g for t in candidates for g in t.gates)
-        await self.gates.lock(gates, or_skip=True, clock=book is None)
-        return book or GateBook(self.configs, self.gates.get, self.now)
+    async def lock_batch_gates(
+        self, params: dict[str, object], size: int
+    ) -> tuple[int, tuple[int, float, int] | None]:
+        """Lock the gates of the next `size` candidates (read, not locked); the first time, read
+        the clock once they are held. Return how many candidates there were and the last one's
+        (tier, tag, id)."""
+        first = not self.gates.states and not self.gates.busy
+        top = max(self.gates.states, default="")
+        sent = await self.send(
+            "lock_candidate_gates", **params, batch=size, held=sorted(self.gates.states), top=top
+        )
+        time = await self.send_clock() if first else None
+        rows = await sent.fetchall()
+        if first:
+            await self.read_clock(time)
+        self.gates.take(row for row in rows if row["name"] is not None)
+        # A gate first used, or one named before `top` (taken only if free): the slow path.
+        others = [row["wanted"] for row in rows if row["wanted"] and row["name"] is None]
+        if others:
+            await self.gates.lock(others, or_skip=True)
+        edge = rows[0] if rows else None
+        if edge is None or edge["last_id"] is None:
+            return 0, None
+        last = (int(edge["last_tier"]), float(edge["last_tag"]), int(edge["last_id"]))
+        return int(edge["peeked"]), last
 
     def admit(
         self,

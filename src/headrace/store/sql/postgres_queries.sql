@@ -289,16 +289,49 @@ FROM (
     )::double precision AS now
 ) AS c;
 
+-- name: lock_candidate_gates
+-- The next claim batch's range read unlocked, and its gates locked in name order (waiting) first.
+WITH peek AS MATERIALIZED (  -- the batch's tasks, not locked: only their range and gates
+    SELECT t.tier, t.tag, t.id, t.gates FROM tasks AS t
+    WHERE t.state = 'ready'
+      AND (t.tier, t.tag, t.id) > (%(tier)s::smallint, %(tag)s::double precision, %(id)s::bigint)
+      AND t.run_at <= current_setting('headrace.now')::double precision  -- set by claim_start
+      AND (%(kinds)s::text[] IS NULL OR t.kind = ANY(%(kinds)s::text[]))
+      AND t.gate_key <> ALL(%(refused)s::text[])
+    ORDER BY t.tier, t.tag, t.id
+    LIMIT %(batch)s::integer
+), wanted AS (
+    SELECT DISTINCT g.name FROM peek, unnest(peek.gates) AS g (name)
+    WHERE g.name <> ALL(%(held)s::text[])
+), locked AS MATERIALIZED (  -- only after every gate held so far (`top`): no deadlock
+    SELECT * FROM gates
+    WHERE name IN (SELECT name FROM wanted) AND name COLLATE "C" > %(top)s::text COLLATE "C"
+    ORDER BY name COLLATE "C"
+    FOR UPDATE
+), edge AS (  -- how many tasks the batch holds, and its last (tier, tag, id)
+    SELECT (SELECT count(*) FROM peek) AS peeked, last.tier, last.tag, last.id
+    FROM (SELECT 1) AS one
+    LEFT JOIN LATERAL (
+        SELECT tier, tag, id FROM peek ORDER BY tier DESC, tag DESC, id DESC LIMIT 1
+    ) AS last ON true
+)
+SELECT e.peeked, e.tier AS last_tier, e.tag AS last_tag, e.id AS last_id, w.name AS wanted, l.*
+FROM edge AS e
+LEFT JOIN wanted AS w ON true
+LEFT JOIN locked AS l ON l.name = w.name;
+
 -- name: ready_candidates
--- One claim batch: due ready tasks after a (tier, tag, id) key, locked, with flows' turns.
+-- One claim batch: due ready tasks in a (tier, tag, id) range whose gates the claim holds, locked, with flows' turns.
 SELECT t.*, f.served AS flow_served FROM tasks AS t JOIN flows AS f ON f.flow = t.flow
 WHERE t.state = 'ready'
   AND (t.tier, t.tag, t.id) > (%(tier)s::smallint, %(tag)s::double precision, %(id)s::bigint)
+  AND (t.tier, t.tag, t.id)
+      <= (%(last_tier)s::smallint, %(last_tag)s::double precision, %(last_id)s::bigint)
   AND t.run_at <= current_setting('headrace.now')::double precision  -- set by claim_start
   AND (%(kinds)s::text[] IS NULL OR t.kind = ANY(%(kinds)s::text[]))
   AND t.gate_key <> ALL(%(refused)s::text[])
+  AND t.gates <@ %(held)s::text[]  -- a task whose gates another claim holds is left to it
 ORDER BY t.tier, t.tag, t.id
-LIMIT %(batch)s::integer
 FOR UPDATE OF t SKIP LOCKED;
 
 -- name: lease_tasks
