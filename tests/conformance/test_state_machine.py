@@ -19,7 +19,7 @@ import itertools
 import math
 import shutil
 import tempfile
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Collection, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,6 +169,8 @@ class ModelTask:
     attempt: int = 0
     attempt_base: int = 0
     expiries: int = 0
+    solo: bool = False
+    worker: str | None = None  # who runs (or last ran) its attempt
     token: int | None = None
     tokens: set[int] = field(default_factory=set)
     lease_until: float | None = None
@@ -184,6 +186,7 @@ class Model:
         self.tasks: dict[int, ModelTask] = {}
         self.keys: dict[str, int] = {}
         self.gate_starts: dict[str, list[float]] = {name: [] for name in RATES}
+        self.lost_by: dict[str, list[float]] = defaultdict(list)  # when each worker lost leases
         self.penalized_until: dict[str, float] = dict.fromkeys(RATES, -math.inf)
 
     # -- reading the model
@@ -284,8 +287,9 @@ class Model:
 
     # -- claims
 
-    def start(self, lease: Lease, now: float, lease_for: float) -> None:
+    def start(self, lease: Lease, now: float, lease_for: float, worker: str) -> None:
         task = self.tasks[lease.task_id]
+        task.worker = worker
         assert lease.token not in task.tokens, f"task {task.id}: lease token {lease.token} reused"
         task.unstamped = {gate for gate in task.gates if gate in RATES}
         task.state = TaskState.RUNNING
@@ -320,7 +324,19 @@ class Model:
         self.stamp(task, now)
         task.outcomes[-1] = AttemptOutcome.LEASE_EXPIRED
         task.expiries += 1
-        if task.expiries >= POISON_EXPIRIES:
+        worker, began = task.worker or "", task.started[-1]
+        beside = sum(1 for lost in self.lost_by[worker] if lost > began) + sum(
+            1
+            for other in self.tasks.values()
+            if other.id != task.id
+            and other.state is TaskState.RUNNING
+            and other.worker == task.worker
+        )
+        self.lost_by[worker].append(now)
+        if beside:  # its worker died running others too: it runs alone next, uncharged
+            task.solo, task.attempt_base = True, task.attempt_base + 1
+            self.requeue(task, now, LEASE_EXPIRED)
+        elif task.expiries >= POISON_EXPIRIES:
             self.bury(task, POISON, now)
         elif task.attempt - task.attempt_base >= task.max_attempts:
             self.bury(task, LEASE_EXPIRED, now)
@@ -388,7 +404,7 @@ class Model:
     def redrive(self, chosen: Sequence[ModelTask], now: float) -> None:
         for task in chosen:
             task.state, task.run_at, task.error_code = TaskState.READY, now, None
-            task.attempt_base, task.expiries = task.attempt, 0
+            task.attempt_base, task.expiries, task.solo = task.attempt, 0, False
             self.restore(task.id)
 
     def restore(self, task_id: int) -> None:
@@ -588,10 +604,16 @@ class StoreMachine(RuleBasedStateMachine):
             assert lease.task.state is TaskState.RUNNING
             assert lease.task.attempt == task.attempt + 1
             assert lease.until == now + lease_for
-            self.model.start(lease, now, lease_for)
-        if len(result.leases) < limit:
+            self.model.start(lease, now, lease_for, lease.task.worker or "")
+        solo = [lease.task_id for lease in result.leases if self.model.tasks[lease.task_id].solo]
+        assert not solo or claimed == solo, f"a task that must run alone shared a claim: {claimed}"
+        if len(result.leases) < limit and not solo:
+            # A task that must run alone goes only to a claim that took nothing else.
             admitted = sorted(
-                i for i in claimable if self.model.admits(self.model.tasks[i].gates, now)
+                i
+                for i in claimable
+                if self.model.admits(self.model.tasks[i].gates, now)
+                and not (result.leases and self.model.tasks[i].solo)
             )
             assert not admitted, f"a short claim left {admitted} whose gates have room"
 
@@ -881,6 +903,7 @@ def check_task(record: TaskRecord, task: ModelTask) -> None:
     assert (record.ref, record.gates, record.key) == (task.ref, task.gates, task.key), where
     assert (record.attempt, record.attempt_base) == (task.attempt, task.attempt_base), where
     assert record.expiries == task.expiries, f"{where}: expiries {record.expiries}"
+    assert record.solo is task.solo, f"{where}: solo {record.solo}"
     assert record.submitted_tier is task.tier, where
     aged = {task.tier, Tier.NORMAL} if task.tier is Tier.LOW else {task.tier}
     assert record.tier in aged, f"{where}: {task.tier.name} became {record.tier.name}"

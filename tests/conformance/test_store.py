@@ -445,6 +445,50 @@ async def test_a_task_whose_worker_dies_three_times_is_poison(
     assert record.state is TaskState.DEAD and record.error_code == "poison_lease_expired"
 
 
+async def test_tasks_whose_worker_died_running_them_together_are_not_charged(
+    store: Store, clock: ManualClock
+) -> None:
+    """Three tasks lost with one worker: none is charged a death or an attempt; each runs
+    alone next, and only on a claim that takes nothing else."""
+    subs = await store.submit([task(f"t{i}", max_attempts=1) for i in range(3)])
+    assert len(await claim(store, 3, lease_for=1.0)) == 3
+    clock.advance(2.0)
+    await store.reap()
+    for sub in subs:
+        record = await store.get(sub.id)
+        assert (record.state, record.solo, record.attempts_used) == (TaskState.READY, True, 0)
+    await store.submit([task("other")])
+    busy = await store.claim("w2", 3, lease_for=LEASE, alone=False)
+    assert refs(list(busy.leases)) == ["other"]  # a worker running something gets no solo task
+    [alone] = (await store.claim("w3", 3, lease_for=LEASE)).leases
+    assert alone.task.ref == "t0" and alone.task.solo  # by itself, though three were asked for
+    await store.finish(alone, Succeeded())
+
+
+async def test_a_poison_task_is_dead_after_three_deaths_its_neighbours_never(
+    store: Store, clock: ManualClock
+) -> None:
+    [poison, healthy] = await store.submit([task("poison"), task("healthy")])
+    await claim(store, 2, lease_for=1.0)  # the first death takes the neighbour down too
+    clock.advance(2.0)
+    await store.reap()
+    for worker in ("w2", "w3"):  # then it dies alone, twice
+        [lease] = (await store.claim(worker, 1, lease_for=1.0)).leases
+        assert lease.task_id == poison.id
+        clock.advance(2.0)
+        await store.reap()
+    record = await store.get(poison.id)
+    assert (record.state, record.error_code, record.expiries) == (
+        TaskState.DEAD,
+        "poison_lease_expired",
+        3,
+    )
+    [lease] = await claim(store)
+    assert lease.task_id == healthy.id
+    await store.finish(lease, Succeeded())
+    assert (await store.get(healthy.id)).state is TaskState.SUCCEEDED
+
+
 async def test_attempts_spent_on_lease_expiry_is_dead(store: Store, clock: ManualClock) -> None:
     [sub] = await store.submit([task("once", max_attempts=1)])
     await claim(store, lease_for=1.0)
@@ -782,7 +826,8 @@ async def test_redrive_filters_by_group_kind_and_id(store: Store) -> None:
 
 async def test_finish_many_records_each_outcome_alone(store: Store, clock: ManualClock) -> None:
     subs = await store.submit([task(f"t{i}", gates=("free",)) for i in range(4)])
-    leases = await claim(store, 4, lease_for=10.0)
+    # one worker each: each dies alone, so none has to run alone after
+    leases = [(await store.claim(f"w{i}", 1, lease_for=10.0)).leases[0] for i in range(4)]
     stale = leases[1]
     clock.advance(11.0)  # every lease expired...
     await store.reap()

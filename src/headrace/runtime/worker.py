@@ -119,6 +119,7 @@ class Worker:
         self._polled_at = float("-inf")
         self._fail_fast = False
         self._more = False  # the last claim filled every free slot
+        self._solo: int | None = None  # a task running alone: nothing else is claimed meanwhile
 
     # -- running
 
@@ -196,14 +197,16 @@ class Worker:
         claimed = None
         # A slot frees when its handler returns; the outcome is written meanwhile (group
         # commit), but no more than `slots` outcomes wait to be written at once.
-        if len(self._running) < self.slots and len(self._recording) <= self.slots:
+        if self._may_claim():
             free = self.slots - len(self._running)
             claimed = await self.app.store.claim(
-                self.name, free, lease_for=self.lease_for, kinds=kinds
+                self.name, free, lease_for=self.lease_for, kinds=kinds, alone=not self._running
             )
             # Every free slot filled: more may be ready, to claim as soon as a slot frees.
             self._more = len(claimed.leases) >= free
             for lease in claimed.leases:
+                if lease.task.solo:  # it lost a lease beside others: it runs alone here
+                    self._solo = lease.task_id
                 self._start(lease, self._running, self._execute)
             self.stats.claimed += len(claimed.leases)
             self.stats.peak_busy = max(self.stats.peak_busy, len(self._running))
@@ -211,6 +214,12 @@ class Worker:
         polls = await self._fill_polls(kinds, now)
         wake_at = earliest(claimed.wake_at if claimed else None, self._poll_due)
         return wake_at, polls.now if polls else now
+
+    def _may_claim(self) -> bool:
+        if self._solo in self._running:
+            return False  # a task that must run alone is running
+        self._solo = None
+        return len(self._running) < self.slots and len(self._recording) <= self.slots
 
     async def _fill_polls(self, kinds: list[str], now: float) -> ClaimResult | None:
         # Ask only when a check may be due: the store said when, this worker just left a task
@@ -297,7 +306,7 @@ class Worker:
         task = registry.pop(task_id, None)
         if task is not None:
             self._recording[task_id] = task
-            if self._more or registry is self._polling:
+            if self._more or registry is self._polling or task_id == self._solo:
                 self._wake.set()
 
     @staticmethod

@@ -49,11 +49,19 @@ class Store(Protocol):
         ...
 
     async def claim(
-        self, worker: str, limit: int, *, lease_for: float, kinds: Collection[str] | None = None
+        self,
+        worker: str,
+        limit: int,
+        *,
+        lease_for: float,
+        kinds: Collection[str] | None = None,
+        alone: bool = True,
     ) -> ClaimResult:
         """Lease up to `limit` ready tasks in (tier, tag) order whose gates all admit them;
-        a refusing gate skips only its task. Expired leases are reaped before candidates are
-        read (a store may do it at most every 100 ms of its clock)."""
+        a refusing gate skips only its task. A task that must run alone (`solo`) is leased only
+        when `alone` (the worker runs no other task) and then by itself. Expired leases are
+        reaped before candidates are read (a store may do it at most every 100 ms of its
+        clock): a task whose worker ran others beside it is made solo, not charged."""
         ...
 
     async def claim_polls(

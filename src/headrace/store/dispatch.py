@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from headrace.policy import gate as gating
 from headrace.policy.gate import GateConfig, GateState, Refusal
+from headrace.store.types import TaskRecord
 
 
 @dataclass
@@ -61,6 +62,11 @@ class GateBook:
             for name in self.token_refused
         ]
         return min((t for t in times if t is not None), default=None)
+
+
+def fits_claim(task: TaskRecord, chosen: int, alone: bool) -> bool:
+    """A task that must run alone goes only to a worker running nothing, and by itself."""
+    return not task.solo or (alone and chosen == 0)
 
 
 def gate_key(gates: Iterable[str]) -> str:

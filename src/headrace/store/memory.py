@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import replace
 
-from headrace.policy import fairness
+from headrace.policy import fairness, poison
 from headrace.policy import gate as gating
 from headrace.policy.clock import Clock, LoopClock
 from headrace.policy.errors import (
@@ -26,8 +26,9 @@ from headrace.policy.errors import (
     UnknownTask,
 )
 from headrace.policy.gate import GateConfig, GateState, GateStatistics
+from headrace.policy.poison import Expiry
 from headrace.policy.tiers import AGING_CEILING, aged_tier
-from headrace.store.dispatch import GateBook, earliest, gate_key
+from headrace.store.dispatch import GateBook, earliest, fits_claim, gate_key
 from headrace.store.types import (
     ACTIVE,
     CANCELLED,
@@ -82,6 +83,7 @@ class MemoryStore:
         self._running: set[int] = set()
         self._waiting: set[int] = set()
         self._ledger: dict[tuple[str, str], float] = defaultdict(float)
+        self._lost_by: dict[str, list[float]] = defaultdict(list)  # when each worker lost leases
 
     # -- lifecycle
 
@@ -219,7 +221,13 @@ class MemoryStore:
     # -- claiming
 
     async def claim(
-        self, worker: str, limit: int, *, lease_for: float, kinds: Collection[str] | None = None
+        self,
+        worker: str,
+        limit: int,
+        *,
+        lease_for: float,
+        kinds: Collection[str] | None = None,
+        alone: bool = True,
     ) -> ClaimResult:
         now = self.clock.now()
         self._reap(now)
@@ -237,9 +245,13 @@ class MemoryStore:
         for task in ordered:
             if len(leases) >= limit:
                 break
+            if not fits_claim(task, len(leases), alone):
+                continue
             if gate_key(task.gates) in book.refused_keys or not book.admit(task.gates):
                 continue
             leases.append(self._lease(task, worker, now, lease_for))
+            if task.solo:
+                break
         for key, entry in popped:  # what was looked at but not leased goes back in line
             if self._is_queued(entry):
                 heapq.heappush(self._ready[key], entry)
@@ -567,6 +579,7 @@ class MemoryStore:
                     ready_since=task.ready_since if task.ready_since is not None else now,
                     attempt_base=task.attempt,
                     expiries=0,
+                    solo=False,
                     error_code=None,
                     finished_at=None,
                 )
@@ -605,12 +618,26 @@ class MemoryStore:
         error = AttemptError.of(ErrorClass.TRANSIENT, LEASE_EXPIRED, "worker lost its lease")
         history = self._attempts[task.id]
         history[-1] = _ended(history[-1], now, AttemptOutcome.LEASE_EXPIRED, error)
-        expiries = task.expiries + 1
-        task = replace(task, expiries=expiries)
-        if expiries >= self.settings.poison_expiries or task.attempts_used >= task.max_attempts:
-            code = POISON if expiries >= self.settings.poison_expiries else LEASE_EXPIRED
-            self._bury(task, now, code)
+        # Its worker's other attempts still open, or lost since this one began: it died beside
+        # them (a worker's name may be reused by a later process: older losses do not count).
+        worker, began = task.worker or "", history[-1].started_at
+        beside = sum(1 for lost in self._lost_by[worker] if lost > began) + sum(
+            1 for i in self._running if i != task.id and self._tasks[i].worker == worker
+        )
+        self._lost_by[worker].append(now)
+        task = replace(task, expiries=task.expiries + 1)
+        found = poison.verdict(
+            alone=not beside,
+            expiries=task.expiries,
+            poison_expiries=self.settings.poison_expiries,
+            attempts_used=task.attempts_used,
+            max_attempts=task.max_attempts,
+        )
+        if found in (Expiry.POISON, Expiry.SPENT):
+            self._bury(task, now, POISON if found is Expiry.POISON else LEASE_EXPIRED)
             return
+        if found is Expiry.SOLO:  # the lost attempt does not count against the budget
+            task = replace(task, solo=True, attempt_base=task.attempt_base + 1)
         self._release(task.id, now)
         self._put(
             replace(

@@ -62,7 +62,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from headrace.policy import fairness
+from headrace.policy import fairness, poison
 from headrace.policy import gate as gating
 from headrace.policy.clock import Clock
 from headrace.policy.errors import (
@@ -77,9 +77,10 @@ from headrace.policy.errors import (
     UnknownTask,
 )
 from headrace.policy.gate import GateConfig, GateState, GateStatistics
+from headrace.policy.poison import Expiry
 from headrace.policy.tiers import AGING_CEILING, Tier, aged_tier
 from headrace.store import sql
-from headrace.store.dispatch import GateBook, earliest, gate_key
+from headrace.store.dispatch import GateBook, earliest, fits_claim, gate_key
 from headrace.store.types import (
     LEASE_EXPIRED,
     POISON,
@@ -304,7 +305,13 @@ class PostgresStore:
     # -- claiming
 
     async def claim(
-        self, worker: str, limit: int, *, lease_for: float, kinds: Collection[str] | None = None
+        self,
+        worker: str,
+        limit: int,
+        *,
+        lease_for: float,
+        kinds: Collection[str] | None = None,
+        alone: bool = True,
     ) -> ClaimResult:
         wanted = _kinds(kinds)
 
@@ -314,7 +321,9 @@ class PostgresStore:
         sweep = not self._swept_at <= seen < self._swept_at + SWEEP_EVERY
 
         async def verb(tx: _Transaction) -> _Claimed:
-            return await tx.claim(worker, limit, lease_for, wanted, durable=self.durable_claims)
+            return await tx.claim(
+                worker, limit, lease_for, wanted, alone=alone, durable=self.durable_claims
+            )
 
         if sweep:
             # Its own transaction: the tasks it makes ready or promotes are not held by a claim
@@ -1074,6 +1083,7 @@ class _Transaction:
         lease_for: float,
         kinds: list[str] | None,
         *,
+        alone: bool = True,
         durable: bool = True,
     ) -> _Claimed:
         """The claim's time, counters and next run_at (`claim_start`) come back with the first
@@ -1095,8 +1105,7 @@ class _Transaction:
                 if start is not None:
                     next_at, start = await self.read_claim_start(start), None
                 book = book or GateBook(self.configs, self.gates.get, self.now)
-                self.admit(book, candidates, chosen, excluded, limit)
-                if len(chosen) >= limit:
+                if self.admit(book, candidates, chosen, excluded, limit, alone):
                     break
         if start is not None:  # no candidate at all
             next_at = await self.read_claim_start(start)
@@ -1204,7 +1213,9 @@ class _Transaction:
         chosen: list[TaskRecord],
         excluded: set[str],
         limit: int,
-    ) -> None:
+        alone: bool,
+    ) -> bool:
+        """Choose among `candidates` in turn; True once the claim is complete."""
         ordered = fairness.take_turns(
             candidates,
             rank=lambda task: (task.tier, task.tag),
@@ -1217,12 +1228,17 @@ class _Transaction:
             key = gate_key(task.gates)
             if key in excluded or key in book.refused_keys:
                 continue
+            if not fits_claim(task, len(chosen), alone):
+                continue
             if self.gates.busy.intersection(task.gates):
                 excluded.add(key)  # another claim holds one of its gates: next claim
             elif book.admit(task.gates):
                 chosen.append(task)
                 self.dispatched(task)
+                if task.solo:
+                    return True
         excluded.update(book.refused_keys)
+        return len(chosen) >= limit
 
     async def load_counters(self) -> None:
         if self._dispatches is None:
@@ -1640,13 +1656,23 @@ class _Transaction:
     async def expire(self, task: TaskRecord) -> None:
         error = AttemptError.of(ErrorClass.TRANSIENT, LEASE_EXPIRED, "worker lost its lease")
         await self.end_attempt(task, AttemptOutcome.LEASE_EXPIRED, error)
-        poisoned = task.expiries + 1 >= self.settings.poison_expiries
-        if poisoned or task.attempts_used >= task.max_attempts:
+        beside = await self.one(
+            "crash_companions", worker=task.worker or "", task_id=task.id, number=task.attempt
+        )
+        found = poison.verdict(
+            alone=not beside["n"],
+            expiries=task.expiries + 1,
+            poison_expiries=self.settings.poison_expiries,
+            attempts_used=task.attempts_used,
+            max_attempts=task.max_attempts,
+        )
+        if found in (Expiry.POISON, Expiry.SPENT):
             await self.run("count_expiry", id=task.id)
-            await self.bury(task.id, POISON if poisoned else LEASE_EXPIRED)
+            await self.bury(task.id, POISON if found is Expiry.POISON else LEASE_EXPIRED)
             return
         await self.release(task.id)
-        await self.run("requeue_expired", id=task.id, code=LEASE_EXPIRED)
+        solo = found is Expiry.SOLO
+        await self.run("requeue_expired", id=task.id, code=LEASE_EXPIRED, solo=solo)
 
     # -- reading
 
@@ -1870,6 +1896,7 @@ def _record(row: DictRow) -> TaskRecord:
         error_code=row["error_code"],
         expiries=row["expiries"],
         attempt_base=row["attempt_base"],
+        solo=bool(row["solo"]),
     )
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import unquote, urlsplit
 
-from headrace.policy import fairness
+from headrace.policy import fairness, poison
 from headrace.policy import gate as gating
 from headrace.policy.clock import Clock, WallClock
 from headrace.policy.errors import (
@@ -38,9 +38,10 @@ from headrace.policy.errors import (
     UnknownTask,
 )
 from headrace.policy.gate import GateConfig, GateState, GateStatistics
+from headrace.policy.poison import Expiry
 from headrace.policy.tiers import AGING_CEILING, Tier, aged_tier
 from headrace.store import sql
-from headrace.store.dispatch import GateBook, earliest, gate_key
+from headrace.store.dispatch import GateBook, earliest, fits_claim, gate_key
 from headrace.store.types import (
     LEASE_EXPIRED,
     POISON,
@@ -156,10 +157,16 @@ class SQLiteStore:
     # -- claiming
 
     async def claim(
-        self, worker: str, limit: int, *, lease_for: float, kinds: Collection[str] | None = None
+        self,
+        worker: str,
+        limit: int,
+        *,
+        lease_for: float,
+        kinds: Collection[str] | None = None,
+        alone: bool = True,
     ) -> ClaimResult:
         wanted = _kinds_json(kinds)
-        return await self._write(lambda tx: tx.claim(worker, limit, lease_for, wanted))
+        return await self._write(lambda tx: tx.claim(worker, limit, lease_for, wanted, alone))
 
     async def claim_polls(
         self, worker: str, limit: int, *, lease_for: float, kinds: Collection[str] | None = None
@@ -503,7 +510,9 @@ class _Transaction:
 
     # -- claiming
 
-    def claim(self, worker: str, limit: int, lease_for: float, kinds: str | None) -> ClaimResult:
+    def claim(
+        self, worker: str, limit: int, lease_for: float, kinds: str | None, alone: bool
+    ) -> ClaimResult:
         self.reap()
         self.age()
         book = GateBook(self.configs, self.gate_state, self.now)
@@ -515,9 +524,13 @@ class _Transaction:
         )
         leases: list[Lease] = []
         while len(leases) < limit and (task := next(candidates, None)) is not None:
+            if not fits_claim(task, len(leases), alone):
+                continue
             if gate_key(task.gates) in book.refused_keys or not book.admit(task.gates):
                 continue
             leases.append(self.lease(task, worker, lease_for))
+            if task.solo:
+                break
         for name in sorted(book.changed):
             self.save_gate(name, book.states[name])
         later = self.one("next_ready_run_at")["at"]
@@ -796,13 +809,22 @@ class _Transaction:
     def expire(self, task: TaskRecord) -> None:
         error = AttemptError.of(ErrorClass.TRANSIENT, LEASE_EXPIRED, "worker lost its lease")
         self.end_attempt(task, AttemptOutcome.LEASE_EXPIRED, error)
-        poisoned = task.expiries + 1 >= self.settings.poison_expiries
-        if poisoned or task.attempts_used >= task.max_attempts:
+        beside = self.one(
+            "crash_companions", worker=task.worker or "", task_id=task.id, number=task.attempt
+        )["n"]
+        found = poison.verdict(
+            alone=not beside,
+            expiries=task.expiries + 1,
+            poison_expiries=self.settings.poison_expiries,
+            attempts_used=task.attempts_used,
+            max_attempts=task.max_attempts,
+        )
+        if found in (Expiry.POISON, Expiry.SPENT):
             self.run("count_expiry", id=task.id)
-            self.bury(task.id, POISON if poisoned else LEASE_EXPIRED)
+            self.bury(task.id, POISON if found is Expiry.POISON else LEASE_EXPIRED)
             return
         self.release(task.id)
-        self.run("requeue_expired", id=task.id, code=LEASE_EXPIRED)
+        self.run("requeue_expired", id=task.id, code=LEASE_EXPIRED, solo=found is Expiry.SOLO)
 
     # -- reading
 
@@ -924,6 +946,7 @@ def _record(row: sqlite3.Row) -> TaskRecord:
         error_code=row["error_code"],
         expiries=row["expiries"],
         attempt_base=row["attempt_base"],
+        solo=bool(row["solo"]),
     )
 
 

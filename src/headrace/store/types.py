@@ -130,7 +130,10 @@ class TaskRecord:
     remote_deadline: float | None = None
     error_code: str | None = None
     expiries: int = 0
-    attempt_base: int = 0  # attempts made before the last redrive from the dead letters
+    # Attempts not counted against `max_attempts`: those before the last redrive from the dead
+    # letters, and those lost when the worker died running others beside it.
+    attempt_base: int = 0
+    solo: bool = False  # its lease expired beside others': it runs alone until it ends
 
     @property
     def attempts_used(self) -> int:

@@ -139,7 +139,7 @@ ORDER BY id;
 UPDATE tasks
 SET state = 'ready', run_at = %(now)s::double precision,
     ready_since = coalesce(ready_since, %(now)s::double precision),
-    attempt_base = attempt, expiries = 0, error_code = NULL, finished_at = NULL
+    attempt_base = attempt, expiries = 0, solo = false, error_code = NULL, finished_at = NULL
 WHERE id = %(id)s::bigint AND state = 'dead'
 RETURNING id;
 
@@ -247,11 +247,20 @@ FOR UPDATE SKIP LOCKED;
 UPDATE tasks SET expiries = expiries + 1 WHERE id = %(id)s::bigint;
 
 -- name: requeue_expired
--- A lost lease makes the task ready again at once.
+-- A lost lease makes the task ready again at once (`solo`: to run alone, that attempt uncounted).
 UPDATE tasks
 SET state = 'ready', run_at = %(now)s::double precision, worker = NULL, lease_until = NULL,
-    error_code = %(code)s::text, expiries = expiries + 1
+    error_code = %(code)s::text, expiries = expiries + 1, solo = solo OR %(solo)s::boolean,
+    attempt_base = attempt_base + %(solo)s::boolean::integer
 WHERE id = %(id)s::bigint;
+
+-- name: crash_companions
+-- How many other attempts a worker still runs, or lost since a task's attempt began (after it).
+SELECT count(*) AS n FROM attempts
+WHERE worker = %(worker)s::text AND task_id <> %(task_id)s::bigint
+  AND (outcome = 'running' OR (outcome = 'lease_expired' AND ended_at > (
+      SELECT started_at FROM attempts
+      WHERE task_id = %(task_id)s::bigint AND number = %(number)s::integer)));
 
 -- name: aging_candidates
 -- Ready tasks below the ceiling that may have waited an aging step (aged_tier decides).

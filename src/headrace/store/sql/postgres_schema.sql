@@ -40,7 +40,8 @@ CREATE TABLE tasks (
     error_code      text,
     expiries        integer          NOT NULL DEFAULT 0,
     unmet           integer          NOT NULL DEFAULT 0,  -- dependencies not yet succeeded
-    attempt_base    integer          NOT NULL DEFAULT 0   -- attempts before the last redrive
+    attempt_base    integer          NOT NULL DEFAULT 0,  -- not counted against max_attempts
+    solo            boolean          NOT NULL DEFAULT false  -- lost a lease beside others
 );
 
 CREATE UNIQUE INDEX tasks_key ON tasks (key) WHERE key IS NOT NULL;
@@ -115,6 +116,9 @@ CREATE TABLE attempts (
     message     text,
     PRIMARY KEY (task_id, number)
 );
+
+-- Who a worker was running when it died: the reaper's question.
+CREATE INDEX attempts_worker_open ON attempts (worker) WHERE outcome IN ('running', 'lease_expired');
 
 -- Units spent by succeeded tasks, per group ('' for none) and kind.
 CREATE TABLE ledger (

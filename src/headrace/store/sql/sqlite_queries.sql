@@ -99,7 +99,7 @@ ORDER BY id;
 -- Re-enqueue a dead task with a fresh attempt budget; no row if it is no longer dead.
 UPDATE tasks
 SET state = 'ready', run_at = :now, ready_since = coalesce(ready_since, :now),
-    attempt_base = attempt, expiries = 0, error_code = NULL, finished_at = NULL
+    attempt_base = attempt, expiries = 0, solo = 0, error_code = NULL, finished_at = NULL
 WHERE id = :id AND state = 'dead'
 RETURNING id;
 
@@ -153,11 +153,18 @@ SELECT * FROM tasks WHERE state = 'running' AND lease_until <= :now;
 UPDATE tasks SET expiries = expiries + 1 WHERE id = :id;
 
 -- name: requeue_expired
--- A lost lease makes the task ready again at once.
+-- A lost lease makes the task ready again at once (`solo`: to run alone, that attempt uncounted).
 UPDATE tasks
 SET state = 'ready', run_at = :now, worker = NULL, lease_until = NULL, error_code = :code,
-    expiries = expiries + 1
+    expiries = expiries + 1, solo = solo OR :solo, attempt_base = attempt_base + :solo
 WHERE id = :id;
+
+-- name: crash_companions
+-- How many other attempts a worker still runs, or lost since a task's attempt began (after it).
+SELECT count(*) AS n FROM attempts
+WHERE worker = :worker AND task_id <> :task_id
+  AND (outcome = 'running' OR (outcome = 'lease_expired' AND ended_at > (
+      SELECT started_at FROM attempts WHERE task_id = :task_id AND number = :number)));
 
 -- name: aging_candidates
 -- Ready tasks of a tier that may have waited an aging step (the caller decides with aged_tier).

@@ -33,7 +33,8 @@ CREATE TABLE tasks (
     error_code      TEXT,
     expiries        INTEGER NOT NULL DEFAULT 0,
     unmet           INTEGER NOT NULL DEFAULT 0,  -- dependencies not yet succeeded
-    attempt_base    INTEGER NOT NULL DEFAULT 0  -- attempts made before the last redrive
+    attempt_base    INTEGER NOT NULL DEFAULT 0,  -- attempts not counted against max_attempts
+    solo INTEGER NOT NULL DEFAULT 0  -- lost a lease beside others: runs alone until it ends
 );
 
 CREATE UNIQUE INDEX tasks_key ON tasks (key) WHERE key <> '';
@@ -100,6 +101,9 @@ CREATE TABLE attempts (
     message     TEXT,
     PRIMARY KEY (task_id, number)
 ) WITHOUT ROWID;
+
+-- Who a worker was running when it died: the reaper's question.
+CREATE INDEX attempts_worker_open ON attempts (worker) WHERE outcome IN ('running', 'lease_expired');
 
 -- Units spent by succeeded tasks, per group ('' for none) and kind.
 CREATE TABLE ledger (
