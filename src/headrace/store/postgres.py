@@ -99,6 +99,7 @@ from headrace.store.types import (
     Retry,
     Settings,
     Sibling,
+    StageStats,
     Submitted,
     Succeeded,
     TaskRecord,
@@ -386,6 +387,10 @@ class PostgresStore:
     async def counts(self, *, kinds: Collection[str] | None = None) -> dict[TaskState, int]:
         chosen = None if kinds is None else sorted(kinds)
         return await self._read(lambda tx: tx.counts(chosen))
+
+    async def stages(self, *, kinds: Collection[str] | None = None) -> list[StageStats]:
+        chosen = None if kinds is None else sorted(kinds)
+        return await self._read(lambda tx: tx.stages(chosen))
 
     async def groups(self) -> list[str]:
         return await self._read(lambda tx: tx.groups())
@@ -1590,6 +1595,10 @@ class _Transaction:
     async def counts(self, kinds: list[str] | None) -> dict[TaskState, int]:
         return _by_state(await self.rows("count_by_state", kinds=kinds))
 
+    async def stages(self, kinds: list[str] | None) -> list[StageStats]:
+        found = await self.rows("stage_stats", kinds=kinds)
+        return [_stage(row, self.now) for row in found]
+
     async def groups(self) -> list[str]:
         return sorted(str(found["grp"]) for found in await self.rows("group_names"))
 
@@ -1754,6 +1763,18 @@ def _by_state(rows: Iterable[DictRow]) -> dict[TaskState, int]:
     for found in rows:
         counts[TaskState(found["state"])] = int(found["n"])
     return counts
+
+
+def _stage(row: DictRow, now: float) -> StageStats:
+    oldest = row["oldest_ready"]
+    return StageStats(
+        row["kind"],
+        pending=int(row["pending"]),
+        ready=int(row["ready"]),
+        running=int(row["running"]),
+        waiting=int(row["waiting"]),
+        oldest_ready_age=None if oldest is None else now - float(oldest),
+    )
 
 
 def _record(row: DictRow) -> TaskRecord:

@@ -282,6 +282,19 @@ class GroupReport:
 
 
 @dataclass(frozen=True)
+class StageStats:
+    """One stage's unfinished work: its tasks per state, and for how many seconds of the
+    store's clock its oldest ready task has been ready (None when none is ready)."""
+
+    kind: str
+    pending: int
+    ready: int
+    running: int
+    waiting: int
+    oldest_ready_age: float | None = None
+
+
+@dataclass(frozen=True)
 class Settings:
     """Store-wide scheduling settings the app hands to the store when it opens it."""
 
