@@ -71,6 +71,7 @@ from headrace.policy.errors import (
     HeadraceError,
     LeaseLost,
     QueueFull,
+    SchemaTooNew,
     StoreError,
     StoreUnavailable,
     UnknownGate,
@@ -553,9 +554,7 @@ async def migrate(conn: Connection, queries: Queries, schema: str) -> tuple[int,
         found = await cursor.fetchone()
         before = int(found["version"]) if found is not None else 0
         if before > latest:
-            raise StoreError(
-                f"schema {schema!r} has version {before}; this headrace knows up to {latest}"
-            )
+            raise SchemaTooNew(f"schema {schema!r}", before, latest)
         for migration in migrations[before:]:
             for statement in migration.statements:
                 await conn.execute(statement)

@@ -33,6 +33,7 @@ from headrace.policy.errors import (
     HeadraceError,
     LeaseLost,
     QueueFull,
+    SchemaTooNew,
     StoreError,
     UnknownGate,
     UnknownTask,
@@ -329,9 +330,7 @@ def migrate(connection: sqlite3.Connection, queries: Queries) -> int:
         migrations = sql.load_migrations()
         latest = migrations[-1].version
         if current > latest:
-            raise StoreError(
-                f"the database has schema version {current}; this headrace knows up to {latest}"
-            )
+            raise SchemaTooNew("the database", current, latest)
         for migration in migrations[current:]:
             for statement in migration.statements:
                 conn.execute(statement)
