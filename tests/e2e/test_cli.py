@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def headrace(*args: str, cwd: Path = ROOT, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "headrace", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+from .commands import headrace
 
 
 @pytest.mark.realtime
@@ -71,3 +59,18 @@ def test_worker_names_an_app_it_cannot_load() -> None:
     done = headrace("worker", "json:dumps")
     assert done.returncode == 2
     assert "not a headrace App" in done.stderr
+
+
+def test_version_is_the_package_version() -> None:
+    done = headrace("--version")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"headrace, version {importlib.metadata.version('headrace')}"
+
+
+def test_worker_takes_the_app_once() -> None:
+    done = headrace("worker", "tests.e2e.cli_app:app", "--app", "tests.e2e.cli_app:make_app")
+    assert done.returncode == 2
+    assert "two apps given" in done.stderr
+    done = headrace("worker")
+    assert done.returncode == 2
+    assert "MODULE:ATTR" in done.stderr

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 import headrace as hr
 from headrace.store.types import TaskState
 
-ROOT = Path(__file__).resolve().parents[2]
+from .commands import ROOT, environment
 
 
 def headrace(*args: str) -> subprocess.Popen[str]:
@@ -22,7 +21,7 @@ def headrace(*args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "COLUMNS": "200"},
+        env=environment(),
     )
 
 
