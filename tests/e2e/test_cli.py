@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,16 @@ def test_worker_takes_the_app_once() -> None:
     done = headrace("worker")
     assert done.returncode == 2
     assert "MODULE:ATTR" in done.stderr
+
+
+def test_the_store_option_overrides_the_app_and_the_environment_gives_both(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "s.db"
+    app = "tests.e2e.cli_app:app"  # its own store is memory://: nothing would outlive a command
+    submitted = headrace("submit", "--app", app, "--db", str(db), "render", "a")
+    assert submitted.returncode == 0, submitted.stderr
+    environment = {"HEADRACE_URL": f"sqlite:///{db}", "HEADRACE_APP": app}
+    shown = headrace("status", env=environment)
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(r"│ render\s+│\s+0 │\s+1 │", shown.stdout), shown.stdout

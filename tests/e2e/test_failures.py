@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sqlite3
+import stat
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -16,12 +20,15 @@ from .commands import APP, failure_line, headrace
 # Every command that takes a store, with what it needs besides the store.
 STORE_COMMANDS = {
     "worker": ["worker", APP],
+    "submit": ["submit", "--app", APP, "render", "shot-1"],
+    "cancel": ["cancel", "1"],
+    "status": ["status"],
     "dlq list": ["dlq", "list"],
     "dlq show": ["dlq", "show", "1"],
     "dlq retry": ["dlq", "retry"],
     "db upgrade": ["db", "upgrade"],
 }
-READING = ("dlq list", "dlq show", "dlq retry")
+READING = ("cancel", "status", "dlq list", "dlq show", "dlq retry")
 PASSWORD = "hunter2"
 POSTGRES_DSN = os.environ.get("HEADRACE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -57,7 +64,7 @@ def test_a_file_that_is_not_a_database_is_named(command: str, tmp_path: Path) ->
     assert "not an SQLite database" in line
 
 
-@pytest.mark.parametrize("command", ["worker", "dlq list", "db upgrade"])
+@pytest.mark.parametrize("command", ["worker", "status", "db upgrade"])
 def test_a_store_from_a_newer_headrace_is_refused(command: str, tmp_path: Path) -> None:
     path = tmp_path / "newer.db"
     connection = sqlite3.connect(path)
@@ -79,7 +86,7 @@ def test_an_unreachable_server_is_named_without_the_password(command: str) -> No
     assert PASSWORD not in done.stderr + done.stdout
 
 
-@pytest.mark.parametrize("command", ["worker", "dlq list"])
+@pytest.mark.parametrize("command", ["worker", "status"])
 def test_a_database_that_does_not_exist_is_named(command: str) -> None:
     try:
         psycopg.connect(POSTGRES_DSN, connect_timeout=3).close()
@@ -90,6 +97,36 @@ def test_a_database_that_does_not_exist_is_named(command: str) -> None:
     line = failure_line(headrace(*store_command(command, url)))
     assert url in line
     assert 'database "headrace_no_such_database" does not exist' in line
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory anyone may write to: the read-only case runs as another user under root."""
+    path = Path(tempfile.mkdtemp(prefix="headrace-e2e-"))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path)
+
+
+def unprivileged() -> list[str]:
+    """Root writes any file whatever its mode: as root, run the command as `nobody`."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root, and no setpriv to run the command as another user")
+    return [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+@pytest.mark.parametrize("command", ["submit", "cancel"])
+def test_a_read_only_store_is_named(command: str, shared_dir: Path) -> None:
+    path = shared_dir / "studio.db"
+    made = headrace("submit", "--app", APP, "--db", str(path), "render", "shot-0")
+    assert made.returncode == 0, made.stderr
+    path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+    line = failure_line(headrace(*store_command(command, str(path)), prefix=unprivileged()))
+    assert str(path) in line
+    assert "read-only" in line
 
 
 def test_a_port_in_use_is_named() -> None:
@@ -115,6 +152,8 @@ def test_a_port_in_use_is_named() -> None:
     [
         ["worker", "{target}"],
         ["worker", "--app", "{target}"],
+        ["submit", "--app", "{target}", "render", "x"],
+        ["status", "--app", "{target}"],
         ["dlq", "list", "--app", "{target}"],
     ],
 )

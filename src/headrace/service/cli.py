@@ -9,6 +9,7 @@ failure is one line on stderr (`service/failures.py`); logging is set up once, h
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from headrace.policy.durations import seconds
 from headrace.policy.errors import ConfigError
 from headrace.runtime.app import App
 from headrace.runtime.worker import Worker
-from headrace.service import logs
+from headrace.service import logs, status, tasks
 from headrace.service.apps import require_existing, resolve, store_url
 from headrace.service.demo import DemoOptions, run_demo
 from headrace.service.dlq import dead_letters, letters_table
@@ -188,6 +189,65 @@ async def _serve(runner: Worker, target: str) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, lambda: None)
         await app.close()
+
+
+@main.command()
+@store_options
+@click.argument("kind")
+@click.argument("ref")
+@click.option("--group", help="The reporting label (an episode, an event).")
+@click.option("--flow", help="The fairness key (default: the group, or the kind).")
+@click.option("--tier", type=click.Choice(["rush", "normal", "low"]), help="Default: the task's.")
+@click.option("--key", help="Idempotency key: a known key returns its task, nothing new.")
+@click.option("--after", type=int, multiple=True, metavar="TASK_ID", help="Wait for it (repeat).")
+@click.option("--delay", default="0s", show_default=True, help="Not before this much later.")
+def submit(
+    db: str | None,
+    app_target: str | None,
+    kind: str,
+    ref: str,
+    group: str | None,
+    flow: str | None,
+    tier: str | None,
+    key: str | None,
+    after: tuple[int, ...],
+    delay: str,
+) -> None:
+    """Enqueue one task of KIND for REF through the app's task definition; print its id."""
+    if not app_target:
+        raise WrongInput("submit needs the app that defines the task: --app MODULE:ATTR")
+    app = resolve(db, app_target)
+    fields = tasks.SubmitFields(group, flow, tier, key, after, _duration(delay, "--delay"))
+    click.echo(asyncio.run(tasks.submit(app, kind, ref, fields)))
+
+
+@main.command()
+@store_options
+@click.argument("task_id", type=int)
+def cancel(db: str | None, app_target: str | None, task_id: int) -> None:
+    """Cancel a task that has no outcome yet, and the tasks that wait on it."""
+    app = require_existing(resolve(db, app_target))
+    click.echo(asyncio.run(tasks.cancel(app, task_id)))
+
+
+@main.command("status")
+@store_options
+@click.option("--group", "groups", multiple=True, help="Only this group (repeat for more).")
+@click.option("--watch", is_flag=True, help="Redraw until Ctrl-C.")
+@click.option("--every", default="1s", show_default=True, help="Time between redraws.")
+def status_command(
+    db: str | None, app_target: str | None, groups: tuple[str, ...], watch: bool, every: str
+) -> None:
+    """Groups (progress and cost), stages (queued and running work) and gates."""
+    app = require_existing(resolve(db, app_target))
+    pause = _duration(every, "--every")
+    if pause <= 0:
+        raise click.BadParameter("must be more than 0", param_hint="--every")
+    if not watch:
+        asyncio.run(status.show(app, Console(), groups))
+        return
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a watch ends, not a failure
+        asyncio.run(status.watch(app, Console(), groups, every=pause))
 
 
 @main.command("provider-sim")

@@ -22,9 +22,10 @@ def plain(value: str | None, empty: str = "-") -> Text:
 def groups_table(groups: Sequence[GroupReport], *, title: str = "Groups") -> Table:
     """Counts per group; `complete` is the share that succeeded, dead and cancelled apart."""
     table = Table(title=title, title_justify="left")
-    columns = ("group", "tasks", "succeeded", "dead", "cancelled", "complete", "cost ledger")
-    for column in columns:
-        table.add_column(column, justify="left" if column in ("group", "cost ledger") else "right")
+    table.add_column("group", no_wrap=True)
+    for column in ("tasks", "succeeded", "dead", "cancelled", "complete"):
+        table.add_column(column, justify="right")
+    table.add_column("cost ledger")
     for group in groups:
         ledger = " ".join(f"{kind} {units:g}" for kind, units in group.cost.items())
         table.add_row(
