@@ -37,6 +37,8 @@ def test_demo_runs_the_studio_under_quota_on_the_embedded_store(tmp_path: Path) 
         "ep6",
         "posters",
     ]
+    assert all(g["succeeded"] == g["total"] for g in report["groups"])
+    assert all(g["dead"] == 0 and g["cancelled"] == 0 for g in report["groups"])
     for stats in report["referee"].values():
         assert stats["rejected"] == 0
         assert stats["max_in_window"] <= stats["quota"]["rpm"]
@@ -66,6 +68,21 @@ def test_version_is_the_package_version() -> None:
     done = headrace("--version")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"headrace, version {importlib.metadata.version('headrace')}"
+
+
+@pytest.mark.realtime
+def test_a_second_demo_on_the_same_store_is_refused_in_one_line(tmp_path: Path) -> None:
+    small = ("--no-progress", "--episodes", "1", "--shots", "1", "--low-batch", "0")
+    first = headrace("demo", *small, "--window", "1s", "--db", "same.db", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert re.search(r"makespan\s+│\s+\d+\.\d+s", first.stdout), first.stdout
+    again = headrace("demo", *small, "--window", "1s", "--db", "same.db", cwd=tmp_path)
+    assert again.returncode != 0
+    assert "Traceback" not in again.stderr
+    [line] = again.stderr.splitlines()
+    assert f"sqlite:///{tmp_path / 'same.db'}" in line
+    assert "already holds 5 tasks" in line
+    assert "makespan" not in again.stdout
 
 
 def test_worker_takes_the_app_once() -> None:

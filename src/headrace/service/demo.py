@@ -19,6 +19,7 @@ from headrace.pipelines.providersim import Latency, ProviderSimulator, ProviderS
 from headrace.pipelines.studio_scenario import Scenario, ScenarioReport, run_scenario
 from headrace.service.tables import groups_table
 from headrace.store.types import GroupReport, TaskState
+from headrace.store.urls import hide_passwords
 
 SIM_API_KEY = "sim-local-key"
 
@@ -57,7 +58,7 @@ def _intro(console: Console, scenario: Scenario, url: str, inject: frozenset[str
         f"{scenario.slots} worker slots; quota window {scenario.window:g}s; "
         f"faults: {', '.join(sorted(inject)) or 'none'}"
     )
-    console.print(f"store: {url}")
+    console.print(f"store: {hide_passwords(url)}", markup=False)
 
 
 class GroupBars:
