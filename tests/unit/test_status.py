@@ -61,6 +61,10 @@ async def test_the_app_s_idle_stages_are_listed_and_a_bare_store_says_where_gate
     async with app:
         snapshot = await status.snapshot(app)
     assert [(s.kind, s.ready) for s in snapshot.stages] == [("publish", 0), ("render", 0)]
+    plain = hr.App("memory://")
+    plain.task(name="publish")(make_app().definition("publish").handler)
+    async with plain:
+        assert "Gates: the app declares none" in printed(await status.snapshot(plain))
     bare = hr.App("memory://")
     async with bare:
         shown = printed(await status.snapshot(bare))

@@ -28,7 +28,7 @@ class Snapshot:
     groups: tuple[GroupReport, ...]
     stages: tuple[StageStats, ...]
     gates: tuple[GateStatistics, ...]
-    declares_gates: bool  # gate figures need the app's gate specs (--app)
+    gates_note: str = ""  # what to say when there is no gate to show
 
 
 async def snapshot(app: App, groups: Sequence[str] = ()) -> Snapshot:
@@ -47,8 +47,14 @@ async def snapshot(app: App, groups: Sequence[str] = ()) -> Snapshot:
         tuple(reports),
         tuple(stages),
         tuple(_with_unused(await store.gate_statistics(), app.gates.values(), now)),
-        bool(app.gates),
+        _gates_note(app),
     )
+
+
+def _gates_note(app: App) -> str:
+    if app.definitions:
+        return "Gates: the app declares none"
+    return "Gates: they are declared by the app; give --app to see them"
 
 
 def _with_unused(
@@ -88,7 +94,7 @@ def render(snap: Snapshot) -> Group:
         plain(f"store {snap.store} at {when:%Y-%m-%d %H:%M:%S} UTC"),
         groups_table(snap.groups),
         stages_table(snap.stages),
-        gates_table(snap.gates, snap.taken_at, declared=snap.declares_gates),
+        gates_table(snap.gates, snap.taken_at) if snap.gates else plain(snap.gates_note),
     )
 
 
@@ -109,14 +115,10 @@ def stages_table(stages: Sequence[StageStats]) -> Table:
     return table
 
 
-def gates_table(gates: Sequence[GateStatistics], now: float, *, declared: bool) -> Table:
-    caption = None if declared else "gates are declared by the app: give --app to see them"
+def gates_table(gates: Sequence[GateStatistics], now: float) -> Table:
     table = Table(
-        title="Gates (held: tickets out now; refusals: no token = rate window full, at cap = "
-        "cap reached; limited: rate-limit responses; penalty: time left at half rate)",
+        title="Gates (refusals: no token = rate window full, at cap = concurrency full)",
         title_justify="left",
-        caption=caption,
-        caption_justify="left",
     )
     table.add_column("gate", no_wrap=True)
     for column in ("cap", "rate", "held", "granted", "no token", "at cap", "limited", "penalty"):
