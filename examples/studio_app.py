@@ -1,10 +1,11 @@
 """The studio pipeline as an app module, configured from the environment.
 
     headrace provider-sim --port 8090 &
-    HEADRACE_DB=sqlite:///studio.db headrace worker examples.studio_app:make_app --slots 4
+    HEADRACE_URL=sqlite:///studio.db headrace worker examples.studio_app:make_app --slots 4
 
-HEADRACE_DB (store URL), HEADRACE_PROVIDER_URL (the vendor or the simulator),
-HEADRACE_WINDOW (the quota window: 6s compressed, 60s real), MINIMAX_API_KEY.
+HEADRACE_DB (the store URL when code builds the app; the command line's --db or HEADRACE_URL
+override it), HEADRACE_PROVIDER_URL (the vendor or the simulator), HEADRACE_WINDOW (the quota
+window: 6s compressed, 60s real), MINIMAX_API_KEY.
 """
 
 from __future__ import annotations

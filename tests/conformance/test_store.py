@@ -591,7 +591,8 @@ async def test_group_report(store: Store) -> None:
     await store.finish(leases["bad"], Dead(boom(ErrorClass.FATAL)))
     report = await store.group_report("ep1")
     assert report.total == 4 and report.succeeded == 2 and report.done == 3
-    assert report.percent == 75.0
+    assert report.percent == 50.0  # the dead task reached an outcome but is not complete
+    assert (report.dead, report.cancelled) == (1, 0)
     assert report.by_state[TaskState.READY] == 1
     assert report.cost == {"image": 2.0, "speech": 120.0}
     [failure] = report.failures
@@ -873,3 +874,36 @@ async def test_counts_by_kind(store: Store) -> None:
     assert (await store.counts(kinds=["image"]))[TaskState.READY] == 2
     assert (await store.counts(kinds=["scan", "none"]))[TaskState.READY] == 1
     assert (await store.counts())[TaskState.READY] == 3
+
+
+async def test_stages_count_unfinished_work_per_kind(store: Store, clock: ManualClock) -> None:
+    subs = await store.submit(
+        [
+            task("a", kind="image"),
+            task("b", kind="image"),
+            task("c", kind="video", after=(Sibling(0),)),
+            task("d", kind="speech"),
+        ]
+    )
+    clock.advance(5.0)
+    [lease] = (await store.claim("w1", 1, lease_for=LEASE, kinds=["image"])).leases
+    await store.finish(lease, AwaitRemote("job-a", poll_every=10.0))
+    clock.advance(3.0)
+    [late] = await store.submit([task("e", kind="speech")])
+    [running] = (await store.claim("w1", 1, lease_for=LEASE, kinds=["speech"])).leases
+    assert running.task.ref == "d"
+    stages = {s.kind: s for s in await store.stages()}
+    assert list(stages) == ["image", "speech", "video"]
+    image, speech, video = stages["image"], stages["speech"], stages["video"]
+    assert (image.pending, image.ready, image.running, image.waiting) == (0, 1, 0, 1)
+    assert image.oldest_ready_age == pytest.approx(8.0)
+    assert (speech.ready, speech.running) == (1, 1)
+    assert speech.oldest_ready_age == pytest.approx(0.0)
+    assert (video.pending, video.ready, video.oldest_ready_age) == (1, 0, None)
+    assert [s.kind for s in await store.stages(kinds=["video", "none"])] == ["video"]
+    await store.finish(running, Succeeded())
+    await store.cancel(late.id)
+    assert [s.kind for s in await store.stages()] == ["image", "video"]  # speech has finished
+    await store.cancel(subs[0].id)  # cancels c too
+    await store.cancel(subs[1].id)
+    assert await store.stages() == []

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
-import subprocess
-import sys
+import re
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def headrace(*args: str, cwd: Path = ROOT, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "headrace", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+from .commands import headrace
 
 
 @pytest.mark.realtime
@@ -48,6 +37,8 @@ def test_demo_runs_the_studio_under_quota_on_the_embedded_store(tmp_path: Path) 
         "ep6",
         "posters",
     ]
+    assert all(g["succeeded"] == g["total"] for g in report["groups"])
+    assert all(g["dead"] == 0 and g["cancelled"] == 0 for g in report["groups"])
     for stats in report["referee"].values():
         assert stats["rejected"] == 0
         assert stats["max_in_window"] <= stats["quota"]["rpm"]
@@ -71,3 +62,46 @@ def test_worker_names_an_app_it_cannot_load() -> None:
     done = headrace("worker", "json:dumps")
     assert done.returncode == 2
     assert "not a headrace App" in done.stderr
+
+
+def test_version_is_the_package_version() -> None:
+    done = headrace("--version")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"headrace, version {importlib.metadata.version('headrace')}"
+
+
+@pytest.mark.realtime
+def test_a_second_demo_on_the_same_store_is_refused_in_one_line(tmp_path: Path) -> None:
+    small = ("--no-progress", "--episodes", "1", "--shots", "1", "--low-batch", "0")
+    first = headrace("demo", *small, "--window", "1s", "--db", "same.db", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert re.search(r"makespan\s+│\s+\d+\.\d+s", first.stdout), first.stdout
+    again = headrace("demo", *small, "--window", "1s", "--db", "same.db", cwd=tmp_path)
+    assert again.returncode != 0
+    assert "Traceback" not in again.stderr
+    [line] = again.stderr.splitlines()
+    assert f"sqlite:///{tmp_path / 'same.db'}" in line
+    assert "already holds 5 tasks" in line
+    assert "makespan" not in again.stdout
+
+
+def test_worker_takes_the_app_once() -> None:
+    done = headrace("worker", "tests.e2e.cli_app:app", "--app", "tests.e2e.cli_app:make_app")
+    assert done.returncode == 2
+    assert "two apps given" in done.stderr
+    done = headrace("worker")
+    assert done.returncode == 2
+    assert "MODULE:ATTR" in done.stderr
+
+
+def test_the_store_option_overrides_the_app_and_the_environment_gives_both(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "s.db"
+    app = "tests.e2e.cli_app:app"  # its own store is memory://: nothing would outlive a command
+    submitted = headrace("submit", "--app", app, "--db", str(db), "render", "a")
+    assert submitted.returncode == 0, submitted.stderr
+    environment = {"HEADRACE_URL": f"sqlite:///{db}", "HEADRACE_APP": app}
+    shown = headrace("status", env=environment)
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(r"│ render\s+│\s+0 │\s+1 │", shown.stdout), shown.stdout

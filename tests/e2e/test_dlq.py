@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 import headrace as hr
 from headrace.store.types import TaskState
 
-ROOT = Path(__file__).resolve().parents[2]
+from .commands import ROOT, environment
 
 
 def headrace(*args: str) -> subprocess.Popen[str]:
@@ -22,7 +21,7 @@ def headrace(*args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "COLUMNS": "200"},
+        env=environment(),
     )
 
 
@@ -93,3 +92,35 @@ def test_show_names_an_unknown_task_and_the_store_is_required(tmp_path: Path) ->
     assert code == 2
     assert "no store at" in err
     assert not missing.exists()
+
+
+def make_markup_letters(db: Path) -> list[int]:
+    async def run() -> list[int]:
+        app = hr.App(f"sqlite:///{db}")
+
+        @app.task(max_attempts=1)
+        async def render(ctx: hr.Context, ref: str) -> None:
+            raise hr.Fatal(f"cannot read {ref} [/] [red]", code="bad_[input]")
+
+        async with app:
+            ids = [
+                await render.submit("[bold]x[/bold]", group="[i]ep[/i]"),
+                await render.submit("shot[/]", group="ep2"),
+            ]
+            await hr.Worker(app).drain()
+        return ids
+
+    return asyncio.run(run())
+
+
+def test_list_and_show_print_refs_and_messages_verbatim(tmp_path: Path) -> None:
+    db = tmp_path / "markup.db"
+    ids = make_markup_letters(db)
+    code, out, err = finish(headrace("dlq", "list", "--db", str(db)))
+    assert code == 0, err
+    for text in ("[bold]x[/bold]", "shot[/]", "[i]ep[/i]", "bad_[input]"):
+        assert text in out
+    code, out, err = finish(headrace("dlq", "show", "--db", str(db), str(ids[1])))
+    assert code == 0, err
+    for text in ("shot[/]", "cannot read shot[/] [/] [red]", "bad_[input]"):
+        assert text in out

@@ -15,7 +15,7 @@ from psycopg import sql as pgsql
 from psycopg.rows import DictRow, dict_row
 
 from headrace.policy import ConfigError, StoreError
-from headrace.policy.errors import StoreUnavailable
+from headrace.policy.errors import SchemaTooNew, StoreUnavailable
 from headrace.store import sql
 from headrace.store.postgres import MIGRATIONS, QUERIES, PostgresStore, migrate, split_url
 from headrace.store.types import Settings
@@ -207,7 +207,7 @@ async def test_a_schema_from_a_newer_headrace_is_refused(
     await migrate(conn, queries, schemas[0])
     table = pgsql.Identifier(schemas[0], "schema_migrations")
     await conn.execute(pgsql.SQL("INSERT INTO {} (version) VALUES (999)").format(table))
-    with pytest.raises(StoreError, match="version 999"):
+    with pytest.raises(SchemaTooNew, match="version 999"):
         await migrate(conn, queries, schemas[0])
     store = PostgresStore(postgres_reachable(), schema=schemas[0])
     with pytest.raises(StoreError, match="version 999"):

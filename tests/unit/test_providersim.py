@@ -6,6 +6,7 @@ Every test but the last runs on the virtual clock: latencies and windows take no
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -485,5 +486,19 @@ def test_serve_answers_stats_on_loopback() -> None:
         assert stamped == [0]  # stamped over the open connection, before the arrival
         assert scoped.sim.stats()["speech"].accepted == 1
         assert [accepted for _, accepted in arrivals["speech"]] == [True]
+
+    asyncio.run(asyncio.wait_for(main(), timeout=10))
+
+
+@pytest.mark.realtime
+def test_a_port_in_use_is_an_os_error_that_names_the_address() -> None:
+    async def main() -> None:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            with pytest.raises(OSError, match="Address already in use") as info:
+                await serve(port=port)
+        assert info.value.filename == f"127.0.0.1:{port}"
 
     asyncio.run(asyncio.wait_for(main(), timeout=10))

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from headrace.policy import ConfigError, StoreError
+from headrace.policy.errors import SchemaTooNew
 from headrace.store import sql
 from headrace.store.sqlite import QUERIES, SQLiteStore, connect, migrate, path_from_url
 from headrace.store.types import Settings
@@ -88,9 +89,11 @@ def test_migrating_records_the_version_and_runs_once(
 def test_a_file_from_a_newer_headrace_is_refused(
     migrated: sqlite3.Connection, queries: dict[str, sql.Query]
 ) -> None:
-    migrated.execute(f"PRAGMA user_version = {user_version(migrated) + 1}")
-    with pytest.raises(StoreError, match="schema version"):
+    latest = user_version(migrated)
+    migrated.execute(f"PRAGMA user_version = {latest + 1}")
+    with pytest.raises(SchemaTooNew, match="schema version") as info:
         migrate(migrated, queries)
+    assert (info.value.version, info.value.known) == (latest + 1, latest)
     assert not migrated.in_transaction
 
 

@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import os
 import random
 import socket
 from collections import deque
@@ -531,8 +532,15 @@ def create_app(sim: ProviderSimulator) -> Starlette:
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    return socket.create_server((host, port), family=family)
+    """A listening socket on `host:port`; a failure (port in use, unknown host) is an OSError
+    that names the address."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family)
+    except OSError as exc:
+        code = exc.errno or 0  # a resolver's codes are negative: keep its own words
+        reason = os.strerror(code) if code > 0 else exc.strerror or str(exc)
+        raise OSError(exc.errno, reason, f"{host}:{port}") from exc
 
 
 class SimServer:
@@ -702,4 +710,4 @@ def run_server(
         )
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(host, port, sim=sim, started=announce, log_level="info"))
+        asyncio.run(serve(host, port, sim=sim, started=announce))

@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from headrace.pipelines.providers import MiniMaxClient
 from headrace.pipelines.providersim import Latency
 from headrace.pipelines.studio import Studio, StudioConfig, build, lower_bound
-from headrace.policy.errors import ErrorClass
+from headrace.policy.errors import ConfigError, ErrorClass
 from headrace.policy.gate import GateStatistics
 from headrace.policy.tiers import Tier
 from headrace.runtime.app import App
 from headrace.runtime.worker import Worker, WorkerStats
 from headrace.store.base import Store
 from headrace.store.types import Attempt, AttemptOutcome, GroupReport, TaskRecord
+from headrace.store.urls import hide_passwords
 
 POSTERS = "posters"
 
@@ -99,6 +100,7 @@ async def run_scenario(
     app = App(url, aging_step=scenario.aging_windows * scenario.window)
     studio = build(app, client, scenario.config)
     async with app:
+        await _require_empty(app.store, url)
         start = await app.store.now()
         worker = Worker(app, slots=scenario.slots, seed=scenario.seed, lease="30s")
         await _submit_opening(studio, scenario)
@@ -113,6 +115,17 @@ async def run_scenario(
             with contextlib.suppress(asyncio.CancelledError):
                 await monitor
         return await _report(app.store, scenario, latency or Latency(), start, stats)
+
+
+async def _require_empty(store: Store, url: str) -> None:
+    """A report is about one run: its makespan, gate counters, peaks and first jam would mix
+    with an earlier run's (or another app's) in a store that already holds tasks."""
+    held = sum((await store.counts()).values())
+    if held:
+        raise ConfigError(
+            f"store {hide_passwords(url)}: it already holds {held} tasks (an earlier run?); the "
+            "studio scenario needs a store of its own: give a new file, schema or database"
+        )
 
 
 async def _submit_opening(studio: Studio, scenario: Scenario) -> None:

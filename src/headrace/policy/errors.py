@@ -11,6 +11,7 @@ HeadraceError
     ├── LeaseLost          the caller no longer owns the task (expired, re-claimed, cancelled)
     ├── UnknownTask        no task with that id
     ├── QueueFull          a stage's waiting bound is reached and the producer asked to refuse
+    ├── SchemaTooNew       the store was migrated by a newer headrace than this one
     └── StoreUnavailable   the store cannot be reached (connection lost): retry the verb later
 """
 
@@ -111,6 +112,18 @@ class QueueFull(StoreError):
         super().__init__(f"stage {kind!r}: {bound} tasks already waiting")
         self.kind = kind
         self.bound = bound
+
+
+class SchemaTooNew(StoreError):
+    """The store's schema has a version this headrace does not know: a newer one migrated it."""
+
+    def __init__(self, store: str, version: int, known: int) -> None:
+        super().__init__(
+            f"{store} has schema version {version}; this headrace knows up to {known}: "
+            "use a headrace at least as new as the one that migrated it"
+        )
+        self.version = version
+        self.known = known
 
 
 class StoreUnavailable(StoreError):

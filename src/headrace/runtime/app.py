@@ -22,7 +22,7 @@ from headrace.policy.tiers import Tier
 from headrace.runtime.context import Context
 from headrace.runtime.results import Pending, RemoteWait, Result
 from headrace.store.base import Store
-from headrace.store.types import NewTask, Settings, Sibling
+from headrace.store.types import NewTask, Settings, Sibling, Submitted
 from headrace.store.urls import open_store
 
 HandlerResult = Result | RemoteWait | None
@@ -270,6 +270,11 @@ class App:
 
     async def submit(self, specs: Sequence[NewTask]) -> list[int]:
         """Enqueue tasks together (all or none), honouring each stage's waiting bound."""
+        return [submitted.id for submitted in await self.enqueue(specs)]
+
+    async def enqueue(self, specs: Sequence[NewTask]) -> list[Submitted]:
+        """`submit`, telling for each task whether it was created or its key named a task
+        that already existed."""
         store = await self.open()
         bounds = self._bounds(specs)
         refuse = any(self.definitions[s.kind].options.on_full == "refuse" for s in specs)
@@ -284,7 +289,7 @@ class App:
                 pause = min(pause * 2, PRODUCER_WAIT_MAX)
                 continue
             self.notify()
-            return [s.id for s in submitted]
+            return submitted
 
     def _bounds(self, specs: Sequence[NewTask]) -> dict[str, int]:
         bounds: dict[str, int] = {}

@@ -1,16 +1,20 @@
-"""The `headrace` command."""
+"""The `headrace` command.
+
+Commands that use a store take it the same way (`service/apps.py`): `--db URL` or `HEADRACE_URL`,
+`--app MODULE:ATTR` or `HEADRACE_APP`, the store given overriding the app's own. An expected
+failure is one line on stderr (`service/failures.py`); logging is set up once, here, by
+`service/logs.py`.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import importlib
-import inspect
-import logging
-import os
+import contextlib
 import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import click
 from rich.console import Console
@@ -18,35 +22,61 @@ from rich.console import Console
 from headrace.pipelines.providersim import parse_inject, parse_quotas, parse_spreads, run_server
 from headrace.pipelines.studio_scenario import Scenario
 from headrace.policy.durations import seconds
-from headrace.policy.errors import ConfigError, UnknownTask
+from headrace.policy.errors import ConfigError
 from headrace.runtime.app import App
 from headrace.runtime.worker import Worker
+from headrace.service import logs, status, tasks
+from headrace.service.apps import require_existing, resolve, store_url
 from headrace.service.demo import DemoOptions, run_demo
 from headrace.service.dlq import dead_letters, letters_table
 from headrace.service.dlq import show as show_task
-from headrace.store.sqlite import path_from_url
+from headrace.service.failures import CommandGroup, WrongInput, use_store
+from headrace.store.urls import upgrade_schema
+
+F = TypeVar("F", bound=Callable[..., object])
 
 
 def _duration(value: str, name: str) -> float:
     try:
         return seconds(value, field=name)
     except ConfigError as error:
-        raise click.BadParameter(str(error)) from None
+        raise click.BadParameter(str(error), param_hint=name) from None
 
 
-def _store_url(db: str) -> str:
-    """Accept a store URL, or a plain file path for the embedded store."""
-    if "://" in db:
-        return db
-    return f"sqlite:///{Path(db).resolve()}"
+def store_options(command: F) -> F:
+    """`--app` and `--db`, with their environment variables, as every store command takes them."""
+    command = click.option(
+        "--app",
+        "app_target",
+        envvar="HEADRACE_APP",
+        show_envvar=True,
+        metavar="MODULE:ATTR",
+        help="The app: its tasks, gates and store.",
+    )(command)
+    return click.option(
+        "--db",
+        envvar="HEADRACE_URL",
+        show_envvar=True,
+        metavar="URL",
+        help="Store URL or SQLite file; overrides the app's store.",
+    )(command)
 
 
-@click.group()
-@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
-def main(verbose: int) -> None:
+@click.group(cls=CommandGroup)
+@click.version_option(package_name="headrace", prog_name="headrace")
+@click.option(
+    "-v", "--verbose", count=True, help="headrace's own log lines at DEBUG (others stay quiet)."
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(logs.FORMATS),
+    default="text",
+    show_default=True,
+    help="Log lines as text, or as one JSON object per line.",
+)
+def main(verbose: int, log_format: str) -> None:
     """headrace: a durable scheduler for bursty media pipelines."""
-    level = logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(verbose=verbose, log_format=log_format)
 
 
 @main.command()
@@ -60,7 +90,9 @@ def main(verbose: int) -> None:
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Save the report.")
 @click.option("--no-progress", is_flag=True, help="No live progress bars.")
+@click.pass_context
 def demo(
+    ctx: click.Context,
     db: str | None,
     window: str,
     inject: str,
@@ -72,7 +104,11 @@ def demo(
     json_path: Path | None,
     no_progress: bool,
 ) -> None:
-    """Run the studio pipeline: five episodes, a low batch and a rush episode, under quota."""
+    """Run the studio pipeline: five episodes, a low batch and a rush episode, under quota.
+
+    The demo needs a store of its own: without --db a new file in a temporary directory
+    (HEADRACE_URL is not read, so the demo never writes into a deployment's store)."""
+    logs.quiet_unless(ctx.find_root().params["verbose"])  # the report is the demo's output
     try:
         faults = parse_inject(inject) if inject else frozenset[str]()
     except ConfigError as error:
@@ -85,63 +121,38 @@ def demo(
         window=_duration(window, "--window"),
         seed=seed,
     )
-    options = DemoOptions(
-        scenario, _store_url(db) if db else None, faults, json_path, not no_progress
-    )
+    url = store_url(db) if db else None
+    if url is not None:
+        use_store(url)
+    options = DemoOptions(scenario, url, faults, json_path, not no_progress)
     report = asyncio.run(run_demo(options, Console()))
     if not report.all_succeeded and not faults:
         sys.exit(1)
 
 
-def load_app(target: str) -> App:
-    """`module:attribute` (attribute defaults to `app`); a callable attribute is called."""
-    module_name, _, attribute = target.partition(":")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # like uvicorn: the user's modules by their names
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise click.BadParameter(f"cannot import {module_name!r}: {error}") from None
-    found = getattr(module, attribute or "app", None)
-    if _is_factory(found):
-        found = found()  # type: ignore[misc]
-    if not isinstance(found, App):
-        raise click.BadParameter(f"{target!r} is not a headrace App (nor makes one)")
-    return found
-
-
-def _is_factory(found: object) -> bool:
-    """A callable that needs no arguments: called to make the app."""
-    if isinstance(found, App) or not callable(found):
-        return False
-    try:
-        inspect.signature(found).bind()
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
 @main.command()
-@click.argument("target")
-@click.option("--db", help="Override the app's store URL (or SQLite file).")
+@click.argument("target", required=False, metavar="[MODULE:ATTR]")
+@store_options
 @click.option("--slots", default=4, show_default=True, type=click.IntRange(1, 1024))
 @click.option("--lease", default="30s", show_default=True)
 @click.option("--idle", default="0.5s", show_default=True, help="Longest sleep between claims.")
 @click.option("--grace", default="30s", show_default=True, help="Shutdown wait for handlers.")
 @click.option("--name", help="Worker name in leases and attempt history.")
+@click.pass_context
 def worker(
-    target: str,
+    ctx: click.Context,
+    target: str | None,
     db: str | None,
+    app_target: str | None,
     slots: int,
     lease: str,
     idle: str,
     grace: str,
     name: str | None,
 ) -> None:
-    """Run workers for the app at TARGET (module:app) until SIGINT or SIGTERM."""
-    app = load_app(target)
-    if db:
-        app.url = _store_url(db)
+    """Run a worker for the app at MODULE:ATTR (or --app) until SIGINT or SIGTERM."""
+    target = _one_target(ctx, target, app_target)
+    app = resolve(db, target)
     runner = Worker(
         app,
         slots=slots,
@@ -150,19 +161,93 @@ def worker(
         idle=_duration(idle, "--idle"),
         grace=_duration(grace, "--grace"),
     )
+    asyncio.run(_serve(runner, target))
 
-    async def serve() -> None:
-        try:
-            await runner.run(handle_signals=True)
-        finally:
-            # A signal while closing (a second Ctrl-C, a process-group signal) must not
-            # interrupt the close: the outcome writes are done, nothing is left to hurry.
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, lambda: None)
-            await app.close()
 
-    asyncio.run(serve())
+def _one_target(ctx: click.Context, target: str | None, app_target: str | None) -> str:
+    """The app, given positionally (as `uvicorn module:app`) or with --app / HEADRACE_APP; a
+    positional one wins over the environment's."""
+    given_twice = ctx.get_parameter_source("app_target") is click.core.ParameterSource.COMMANDLINE
+    if target and app_target and given_twice and target != app_target:
+        raise click.UsageError(f"two apps given: {target} and --app {app_target}; give one")
+    chosen = target or app_target
+    if not chosen:
+        raise WrongInput("give the app: headrace worker MODULE:ATTR (or --app, or HEADRACE_APP)")
+    return chosen
+
+
+async def _serve(runner: Worker, target: str) -> None:
+    app = runner.app
+    try:
+        await app.open()
+        logs.worker_started(runner, target)
+        await runner.run(handle_signals=True)
+    finally:
+        # A signal while closing (a second Ctrl-C, a process-group signal) must not interrupt
+        # the close: the outcome writes are done, nothing is left to hurry.
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, lambda: None)
+        await app.close()
+
+
+@main.command()
+@store_options
+@click.argument("kind")
+@click.argument("ref")
+@click.option("--group", help="The reporting label (an episode, an event).")
+@click.option("--flow", help="The fairness key (default: the group, or the kind).")
+@click.option("--tier", type=click.Choice(["rush", "normal", "low"]), help="Default: the task's.")
+@click.option("--key", help="Idempotency key: a known key returns its task, nothing new.")
+@click.option("--after", type=int, multiple=True, metavar="TASK_ID", help="Wait for it (repeat).")
+@click.option("--delay", default="0s", show_default=True, help="Not before this much later.")
+def submit(
+    db: str | None,
+    app_target: str | None,
+    kind: str,
+    ref: str,
+    group: str | None,
+    flow: str | None,
+    tier: str | None,
+    key: str | None,
+    after: tuple[int, ...],
+    delay: str,
+) -> None:
+    """Enqueue one task of KIND for REF through the app's task definition; print its id."""
+    if not app_target:
+        raise WrongInput("submit needs the app that defines the task: --app MODULE:ATTR")
+    app = resolve(db, app_target)
+    fields = tasks.SubmitFields(group, flow, tier, key, after, _duration(delay, "--delay"))
+    click.echo(asyncio.run(tasks.submit(app, kind, ref, fields)))
+
+
+@main.command()
+@store_options
+@click.argument("task_id", type=int)
+def cancel(db: str | None, app_target: str | None, task_id: int) -> None:
+    """Cancel a task that has no outcome yet, and the tasks that wait on it."""
+    app = require_existing(resolve(db, app_target))
+    click.echo(asyncio.run(tasks.cancel(app, task_id)))
+
+
+@main.command("status")
+@store_options
+@click.option("--group", "groups", multiple=True, help="Only this group (repeat for more).")
+@click.option("--watch", is_flag=True, help="Redraw until Ctrl-C.")
+@click.option("--every", default="1s", show_default=True, help="Time between redraws.")
+def status_command(
+    db: str | None, app_target: str | None, groups: tuple[str, ...], watch: bool, every: str
+) -> None:
+    """Groups (progress and cost), stages (queued and running work) and gates."""
+    app = require_existing(resolve(db, app_target))
+    pause = _duration(every, "--every")
+    if pause <= 0:
+        raise click.BadParameter("must be more than 0", param_hint="--every")
+    if not watch:
+        asyncio.run(status.show(app, Console(), groups))
+        return
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a watch ends, not a failure
+        asyncio.run(status.watch(app, Console(), groups, every=pause))
 
 
 @main.command("provider-sim")
@@ -195,25 +280,8 @@ def provider_sim(
     spreads: tuple[str, ...],
 ) -> None:
     """Serve the MiniMax-shaped provider simulator, the quota referee, over HTTP."""
-    try:
-        limits, durations = parse_quotas(quotas), parse_spreads(spreads)
-        run_server(host, port, _duration(window, "--window"), inject, seed, limits, durations)
-    except ConfigError as error:
-        raise click.BadParameter(str(error)) from None
-
-
-def _open_store_for(db: str | None, app_target: str | None) -> App:
-    if bool(db) == bool(app_target):
-        raise click.UsageError("give the store with exactly one of --db URL or --app module:app")
-    app = load_app(app_target) if app_target else App(_store_url(db or ""))
-    if app.url.startswith("sqlite:") and not path_from_url(app.url).exists():
-        raise click.BadParameter(f"no store at {app.url}", param_hint="--db")
-    return app
-
-
-def _store_options(command: Callable[..., None]) -> Callable[..., None]:
-    command = click.option("--app", "app_target", help="Take the store from this app.")(command)
-    return click.option("--db", help="Store URL or SQLite file.")(command)
+    limits, durations = parse_quotas(quotas), parse_spreads(spreads)
+    run_server(host, port, _duration(window, "--window"), inject, seed, limits, durations)
 
 
 @main.group()
@@ -222,7 +290,7 @@ def dlq() -> None:
 
 
 @dlq.command("list")
-@_store_options
+@store_options
 @click.option("--group", help="Only this group (episode, event).")
 @click.option("--kind", help="Only this task kind (stage).")
 @click.option("--limit", default=200, show_default=True, type=click.IntRange(1, 100_000))
@@ -236,27 +304,24 @@ def dlq_list(
             found = await dead_letters(app.store, group=group, kind=kind, limit=limit)
             Console().print(letters_table(found))
 
-    asyncio.run(run(_open_store_for(db, app_target)))
+    asyncio.run(run(require_existing(resolve(db, app_target))))
 
 
 @dlq.command("show")
-@_store_options
+@store_options
 @click.argument("task_id", type=int)
 def dlq_show(db: str | None, app_target: str | None, task_id: int) -> None:
     """Show one task and its attempt history."""
 
     async def run(app: App) -> None:
         async with app:
-            try:
-                await show_task(app.store, task_id, Console())
-            except UnknownTask as error:
-                raise click.BadParameter(str(error), param_hint="TASK_ID") from None
+            await show_task(app.store, task_id, Console())
 
-    asyncio.run(run(_open_store_for(db, app_target)))
+    asyncio.run(run(require_existing(resolve(db, app_target))))
 
 
 @dlq.command("retry")
-@_store_options
+@store_options
 @click.option("--group", help="Only this group.")
 @click.option("--kind", help="Only this task kind.")
 @click.argument("task_ids", type=int, nargs=-1)
@@ -276,7 +341,7 @@ def dlq_retry(
         shown = ", ".join(map(str, ids)) if ids else "none"
         click.echo(f"re-enqueued {len(ids)}: {shown}")
 
-    asyncio.run(run(_open_store_for(db, app_target)))
+    asyncio.run(run(require_existing(resolve(db, app_target))))
 
 
 @main.group()
@@ -285,16 +350,8 @@ def db() -> None:
 
 
 @db.command("upgrade")
-@click.option("--db", "url", required=True, help="Store URL (postgresql://…, sqlite:///…).")
-def db_upgrade(url: str) -> None:
+@store_options
+def db_upgrade(db: str | None, app_target: str | None) -> None:
     """Apply the schema migrations the store lacks; print the version before and after."""
-    from headrace.policy.errors import StoreError
-    from headrace.store.urls import upgrade_schema
-
-    try:
-        before, after = asyncio.run(upgrade_schema(_store_url(url)))
-    except ConfigError as error:
-        raise click.BadParameter(str(error), param_hint="--db") from None
-    except StoreError as error:
-        raise click.ClickException(str(error)) from None
+    before, after = asyncio.run(upgrade_schema(resolve(db, app_target).url))
     click.echo(f"schema version {before} -> {after}")

@@ -17,7 +17,9 @@ from rich.table import Table
 from headrace.pipelines.providers import MiniMaxClient
 from headrace.pipelines.providersim import Latency, ProviderSimulator, ProviderStats, SimServer
 from headrace.pipelines.studio_scenario import Scenario, ScenarioReport, run_scenario
+from headrace.service.tables import groups_table
 from headrace.store.types import GroupReport, TaskState
+from headrace.store.urls import hide_passwords
 
 SIM_API_KEY = "sim-local-key"
 
@@ -39,7 +41,7 @@ async def run_demo(options: DemoOptions, console: Console) -> ScenarioReport:
         _intro(console, scenario, url, options.inject)
         async with SimServer(sim) as server, httpx.AsyncClient(base_url=server.url) as http:
             client = MiniMaxClient(http, SIM_API_KEY)
-            with _Bars(console, enabled=options.progress) as bars:
+            with GroupBars(console, enabled=options.progress) as bars:
                 report = await run_scenario(scenario, client, url=url, on_tick=bars.update)
                 bars.update(report.groups, report.makespan)
     render(console, report, sim.stats())
@@ -56,15 +58,16 @@ def _intro(console: Console, scenario: Scenario, url: str, inject: frozenset[str
         f"{scenario.slots} worker slots; quota window {scenario.window:g}s; "
         f"faults: {', '.join(sorted(inject)) or 'none'}"
     )
-    console.print(f"store: {url}")
+    console.print(f"store: {hide_passwords(url)}", markup=False)
 
 
-class _Bars:
-    """One progress bar per group: done / total, with queued and processing counts."""
+class GroupBars:
+    """One progress bar per group: succeeded / total, with queued, processing, dead and
+    cancelled counts (a dead or cancelled task never fills the bar)."""
 
     def __init__(self, console: Console, *, enabled: bool) -> None:
         self.progress = Progress(
-            TextColumn("{task.description:<10}"),
+            TextColumn("{task.description:<10}", markup=False),
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("{task.fields[detail]}"),
@@ -73,7 +76,7 @@ class _Bars:
         )
         self.rows: dict[str, TaskID] = {}
 
-    def __enter__(self) -> _Bars:
+    def __enter__(self) -> GroupBars:
         self.progress.start()
         return self
 
@@ -87,7 +90,7 @@ class _Bars:
                 row = self.progress.add_task(report.group, total=report.total, detail="")
                 self.rows[report.group] = row
             self.progress.update(
-                row, completed=report.done, total=report.total, detail=_detail(report)
+                row, completed=report.succeeded, total=report.total, detail=_detail(report)
             )
 
 
@@ -95,31 +98,17 @@ def _detail(report: GroupReport) -> str:
     states = report.by_state
     queued = states[TaskState.READY] + states[TaskState.PENDING]
     processing = states[TaskState.RUNNING] + states[TaskState.WAITING]
-    return f"queued {queued:>3}  processing {processing:>2}  dead {states[TaskState.DEAD]}"
+    return (
+        f"queued {queued:>3}  processing {processing:>2}  "
+        f"dead {report.dead}  cancelled {report.cancelled}"
+    )
 
 
 def render(console: Console, report: ScenarioReport, referee: dict[str, ProviderStats]) -> None:
-    console.print(_groups_table(report))
+    console.print(groups_table(report.groups, title="Episodes"))
     console.print(_gates_table(report))
     console.print(_referee_table(referee))
     console.print(_summary_table(report))
-
-
-def _groups_table(report: ScenarioReport) -> Table:
-    table = Table(title="Episodes", title_justify="left")
-    for column in ("group", "tasks", "succeeded", "dead", "complete", "cost ledger"):
-        table.add_column(column, justify="left" if column in ("group", "cost ledger") else "right")
-    for group in report.groups:
-        ledger = " ".join(f"{kind} {units:g}" for kind, units in group.cost.items())
-        table.add_row(
-            group.group,
-            str(group.total),
-            str(group.succeeded),
-            str(group.by_state[TaskState.DEAD]),
-            f"{group.percent:.0f}%",
-            ledger,
-        )
-    return table
 
 
 def _gates_table(report: ScenarioReport) -> Table:
@@ -203,6 +192,8 @@ def as_json(report: ScenarioReport, referee: dict[str, ProviderStats]) -> dict[s
                 "group": g.group,
                 "total": g.total,
                 "succeeded": g.succeeded,
+                "dead": g.dead,
+                "cancelled": g.cancelled,
                 "percent": g.percent,
                 "cost": dict(g.cost),
             }

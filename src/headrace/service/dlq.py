@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from headrace.service.tables import plain
 from headrace.store.base import Store
 from headrace.store.types import Attempt, TaskRecord, TaskState
 
@@ -31,10 +32,10 @@ def letters_table(tasks: Sequence[TaskRecord]) -> Table:
     for task in tasks:
         table.add_row(
             str(task.id),
-            task.kind,
-            task.ref,
-            task.group or "-",
-            task.error_code or "-",
+            plain(task.kind),
+            plain(task.ref),
+            plain(task.group),
+            plain(task.error_code),
             str(task.attempt),
             _when(task.finished_at),
         )
@@ -51,14 +52,14 @@ def task_table(task: TaskRecord) -> Table:
         ("state", task.state.value),
         ("group / flow", f"{task.group or '-'} / {task.flow}"),
         ("tier", f"{task.tier.name.lower()} (submitted {task.submitted_tier.name.lower()})"),
-        ("gates", " ".join(task.gates) or "-"),
-        ("key", task.key or "-"),
+        ("gates", " ".join(task.gates)),
+        ("key", task.key),
         ("attempts", f"{task.attempt} (budget {task.max_attempts} since {task.attempt_base})"),
-        ("error code", task.error_code or "-"),
-        ("remote job", task.remote_id or "-"),
+        ("error code", task.error_code),
+        ("remote job", task.remote_id),
     ]
     for name, value in rows:
-        table.add_row(name, value)
+        table.add_row(name, plain(value))
     return table
 
 
@@ -69,13 +70,13 @@ def attempts_table(attempts: Sequence[Attempt]) -> Table:
     for a in attempts:
         table.add_row(
             str(a.number),
-            a.worker,
+            plain(a.worker),
             _when(a.started_at),
             _when(a.ended_at),
             a.outcome.value,
             a.error_class.value if a.error_class else "-",
-            a.code or "-",
-            a.message or "",
+            plain(a.code),
+            plain(a.message, empty=""),
         )
     return table
 

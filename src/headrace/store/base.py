@@ -19,6 +19,7 @@ from headrace.store.types import (
     NewTask,
     Outcome,
     Settings,
+    StageStats,
     Submitted,
     TaskRecord,
     TaskState,
@@ -129,6 +130,12 @@ class Store(Protocol):
 
     async def counts(self, *, kinds: Collection[str] | None = None) -> dict[TaskState, int]:
         """Tasks per state, of these kinds only when `kinds` is given."""
+        ...
+
+    async def stages(self, *, kinds: Collection[str] | None = None) -> list[StageStats]:
+        """Per kind with unfinished tasks (of these kinds only when `kinds` is given), in kind
+        order: its pending, ready, running and waiting tasks, and the age of its oldest ready
+        task (since its `ready_since`, or its `created_at` when that is unset)."""
         ...
 
     async def groups(self) -> list[str]: ...

@@ -50,6 +50,7 @@ from headrace.store.types import (
     Retry,
     Settings,
     Sibling,
+    StageStats,
     Submitted,
     Succeeded,
     TaskRecord,
@@ -690,6 +691,29 @@ class MemoryStore:
             if kinds is None or task.kind in kinds:
                 counts[task.state] += 1
         return counts
+
+    async def stages(self, *, kinds: Collection[str] | None = None) -> list[StageStats]:
+        now = self.clock.now()
+        counts: dict[str, dict[TaskState, int]] = {}
+        oldest: dict[str, float] = {}
+        for task in self._tasks.values():
+            if task.state not in ACTIVE or (kinds is not None and task.kind not in kinds):
+                continue
+            counts.setdefault(task.kind, dict.fromkeys(ACTIVE, 0))[task.state] += 1
+            if task.state is TaskState.READY:
+                since = task.ready_since if task.ready_since is not None else task.created_at
+                oldest[task.kind] = min(since, oldest.get(task.kind, since))
+        return [
+            StageStats(
+                kind,
+                pending=by_state[TaskState.PENDING],
+                ready=by_state[TaskState.READY],
+                running=by_state[TaskState.RUNNING],
+                waiting=by_state[TaskState.WAITING],
+                oldest_ready_age=now - oldest[kind] if kind in oldest else None,
+            )
+            for kind, by_state in sorted(counts.items())
+        ]
 
     async def groups(self) -> list[str]:
         return sorted({t.group for t in self._tasks.values() if t.group is not None})

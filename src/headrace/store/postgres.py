@@ -71,6 +71,7 @@ from headrace.policy.errors import (
     HeadraceError,
     LeaseLost,
     QueueFull,
+    SchemaTooNew,
     StoreError,
     StoreUnavailable,
     UnknownGate,
@@ -100,6 +101,7 @@ from headrace.store.types import (
     Retry,
     Settings,
     Sibling,
+    StageStats,
     Submitted,
     Succeeded,
     TaskRecord,
@@ -400,6 +402,10 @@ class PostgresStore:
         chosen = None if kinds is None else sorted(kinds)
         return await self._read(lambda tx: tx.counts(chosen))
 
+    async def stages(self, *, kinds: Collection[str] | None = None) -> list[StageStats]:
+        chosen = None if kinds is None else sorted(kinds)
+        return await self._read(lambda tx: tx.stages(chosen))
+
     async def groups(self) -> list[str]:
         return await self._read(lambda tx: tx.groups())
 
@@ -561,9 +567,7 @@ async def migrate(conn: Connection, queries: Queries, schema: str) -> tuple[int,
         found = await cursor.fetchone()
         before = int(found["version"]) if found is not None else 0
         if before > latest:
-            raise StoreError(
-                f"schema {schema!r} has version {before}; this headrace knows up to {latest}"
-            )
+            raise SchemaTooNew(f"schema {schema!r}", before, latest)
         for migration in migrations[before:]:
             for statement in migration.statements:
                 await conn.execute(statement)
@@ -1700,6 +1704,10 @@ class _Transaction:
     async def counts(self, kinds: list[str] | None) -> dict[TaskState, int]:
         return _by_state(await self.rows("count_by_state", kinds=kinds))
 
+    async def stages(self, kinds: list[str] | None) -> list[StageStats]:
+        found = await self.rows("stage_stats", kinds=kinds)
+        return [_stage(row, self.now) for row in found]
+
     async def groups(self) -> list[str]:
         return sorted(str(found["grp"]) for found in await self.rows("group_names"))
 
@@ -1864,6 +1872,18 @@ def _by_state(rows: Iterable[DictRow]) -> dict[TaskState, int]:
     for found in rows:
         counts[TaskState(found["state"])] = int(found["n"])
     return counts
+
+
+def _stage(row: DictRow, now: float) -> StageStats:
+    oldest = row["oldest_ready"]
+    return StageStats(
+        row["kind"],
+        pending=int(row["pending"]),
+        ready=int(row["ready"]),
+        running=int(row["running"]),
+        waiting=int(row["waiting"]),
+        oldest_ready_age=None if oldest is None else now - float(oldest),
+    )
 
 
 def _record(row: DictRow) -> TaskRecord:

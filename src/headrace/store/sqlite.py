@@ -33,6 +33,7 @@ from headrace.policy.errors import (
     HeadraceError,
     LeaseLost,
     QueueFull,
+    SchemaTooNew,
     StoreError,
     UnknownGate,
     UnknownTask,
@@ -61,6 +62,7 @@ from headrace.store.types import (
     Retry,
     Settings,
     Sibling,
+    StageStats,
     Submitted,
     Succeeded,
     TaskRecord,
@@ -235,6 +237,10 @@ class SQLiteStore:
         chosen = None if kinds is None else json.dumps(sorted(kinds))
         return await self._read(lambda tx: tx.counts(chosen))
 
+    async def stages(self, *, kinds: Collection[str] | None = None) -> list[StageStats]:
+        chosen = _kinds_json(kinds)
+        return await self._read(lambda tx: tx.stages(chosen))
+
     async def groups(self) -> list[str]:
         return await self._read(lambda tx: tx.groups())
 
@@ -335,9 +341,7 @@ def migrate(connection: sqlite3.Connection, queries: Queries) -> int:
         migrations = sql.load_migrations()
         latest = migrations[-1].version
         if current > latest:
-            raise StoreError(
-                f"the database has schema version {current}; this headrace knows up to {latest}"
-            )
+            raise SchemaTooNew("the database", current, latest)
         for migration in migrations[current:]:
             for statement in migration.statements:
                 conn.execute(statement)
@@ -852,6 +856,9 @@ class _Transaction:
     def counts(self, kinds: str | None) -> dict[TaskState, int]:
         return _by_state(self.rows("count_by_state", kinds=kinds))
 
+    def stages(self, kinds: str | None) -> list[StageStats]:
+        return [_stage(found, self.now) for found in self.rows("stage_stats", kinds=kinds)]
+
     def groups(self) -> list[str]:
         return sorted(str(found["grp"]) for found in self.rows("group_names"))
 
@@ -914,6 +921,18 @@ def _task_params(task: NewTask, tag: float, unmet: Sequence[int], now: float) ->
         "ready_since": None if unmet else now,
         "unmet": len(unmet),
     }
+
+
+def _stage(row: sqlite3.Row, now: float) -> StageStats:
+    oldest = row["oldest_ready"]
+    return StageStats(
+        row["kind"],
+        pending=row["pending"],
+        ready=row["ready"],
+        running=row["running"],
+        waiting=row["waiting"],
+        oldest_ready_age=None if oldest is None else now - oldest,
+    )
 
 
 def _record(row: sqlite3.Row) -> TaskRecord:

@@ -262,6 +262,7 @@ class GroupReport:
 
     @property
     def done(self) -> int:
+        """Tasks that reached an outcome: succeeded, dead or cancelled."""
         return sum(n for state, n in self.by_state.items() if state.terminal)
 
     @property
@@ -269,9 +270,31 @@ class GroupReport:
         return self.by_state.get(TaskState.SUCCEEDED, 0)
 
     @property
+    def dead(self) -> int:
+        return self.by_state.get(TaskState.DEAD, 0)
+
+    @property
+    def cancelled(self) -> int:
+        return self.by_state.get(TaskState.CANCELLED, 0)
+
+    @property
     def percent(self) -> float:
-        """Share of the group's tasks that reached an outcome."""
-        return 100.0 * self.done / self.total if self.total else 100.0
+        """Share of the group's tasks that succeeded: a dead or cancelled task is not complete
+        (see `dead` and `cancelled`)."""
+        return 100.0 * self.succeeded / self.total if self.total else 100.0
+
+
+@dataclass(frozen=True)
+class StageStats:
+    """One stage's unfinished work: its tasks per state, and for how many seconds of the
+    store's clock its oldest ready task has been ready (None when none is ready)."""
+
+    kind: str
+    pending: int
+    ready: int
+    running: int
+    waiting: int
+    oldest_ready_age: float | None = None
 
 
 @dataclass(frozen=True)

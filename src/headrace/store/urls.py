@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from urllib.parse import urlsplit
 
 from headrace.policy.clock import Clock
@@ -11,6 +12,9 @@ from headrace.policy.errors import ConfigError
 from headrace.store.base import Store
 
 POSTGRES_SCHEMES = ("postgresql", "postgres")
+# A URL's password, wherever it appears in a text: `scheme://user:password@` or `?password=`.
+_URL_PASSWORD = re.compile(r"\b([a-z][a-z0-9+.-]*://[^\s/@:]*):[^\s/]*@", re.IGNORECASE)
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&\s]*", re.IGNORECASE)
 
 
 def open_store(url: str, *, clock: Clock | None = None) -> Store:
@@ -44,6 +48,12 @@ async def upgrade_schema(url: str) -> tuple[int, int]:
     if scheme == "memory":
         raise ConfigError("store url: memory:// keeps no schema to upgrade")
     raise _unknown(url)
+
+
+def hide_passwords(text: str) -> str:
+    """`text` (a store URL, or a message that quotes one) with every URL's password shown as
+    `***`: what a log line or an error message may print."""
+    return _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1:***@", text))
 
 
 def _upgrade_sqlite(url: str) -> tuple[int, int]:

@@ -589,6 +589,20 @@ SELECT state, count(*) AS n FROM tasks
 WHERE %(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[])
 GROUP BY state;
 
+-- name: stage_stats
+-- Per kind with unfinished tasks (of the kinds given, or all): its tasks per state and when its oldest ready task became ready.
+SELECT kind,
+       count(*) FILTER (WHERE state = 'pending') AS pending,
+       count(*) FILTER (WHERE state = 'ready') AS ready,
+       count(*) FILTER (WHERE state = 'running') AS running,
+       count(*) FILTER (WHERE state = 'waiting') AS waiting,
+       min(coalesce(ready_since, created_at)) FILTER (WHERE state = 'ready') AS oldest_ready
+FROM tasks
+WHERE state IN ('pending', 'ready', 'running', 'waiting')
+  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+GROUP BY kind
+ORDER BY kind;
+
 -- name: group_names
 -- Every group that names at least one task.
 SELECT DISTINCT grp FROM tasks WHERE grp IS NOT NULL;

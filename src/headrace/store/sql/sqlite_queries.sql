@@ -339,6 +339,20 @@ SELECT state, count(*) AS n FROM tasks
 WHERE :kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds))
 GROUP BY state;
 
+-- name: stage_stats
+-- Per kind with unfinished tasks (of the kinds given as a JSON array, or all): its tasks per state and when its oldest ready task became ready.
+SELECT kind,
+       count(*) FILTER (WHERE state = 'pending') AS pending,
+       count(*) FILTER (WHERE state = 'ready') AS ready,
+       count(*) FILTER (WHERE state = 'running') AS running,
+       count(*) FILTER (WHERE state = 'waiting') AS waiting,
+       min(coalesce(ready_since, created_at)) FILTER (WHERE state = 'ready') AS oldest_ready
+FROM tasks
+WHERE state IN ('pending', 'ready', 'running', 'waiting')
+  AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
+GROUP BY kind
+ORDER BY kind;
+
 -- name: group_names
 -- Every group that names at least one task.
 SELECT DISTINCT grp FROM tasks WHERE grp IS NOT NULL;

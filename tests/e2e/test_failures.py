@@ -1,0 +1,169 @@
+"""Expected failures print one line that names the path, URL or address: the real command."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sqlite3
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+
+from .commands import APP, failure_line, headrace
+
+# Every command that takes a store, with what it needs besides the store.
+STORE_COMMANDS = {
+    "worker": ["worker", APP],
+    "submit": ["submit", "--app", APP, "render", "shot-1"],
+    "cancel": ["cancel", "1"],
+    "status": ["status"],
+    "dlq list": ["dlq", "list"],
+    "dlq show": ["dlq", "show", "1"],
+    "dlq retry": ["dlq", "retry"],
+    "db upgrade": ["db", "upgrade"],
+}
+READING = ("cancel", "status", "dlq list", "dlq show", "dlq retry")
+PASSWORD = "hunter2"
+POSTGRES_DSN = os.environ.get("HEADRACE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def store_command(name: str, db: str) -> list[str]:
+    return [*STORE_COMMANDS[name], "--db", db]
+
+
+@pytest.mark.parametrize("command", STORE_COMMANDS)
+def test_a_missing_directory_is_named(command: str, tmp_path: Path) -> None:
+    path = tmp_path / "no-such-dir" / "studio.db"
+    line = failure_line(headrace(*store_command(command, str(path))))
+    assert str(path) in line
+    expected = "no store at" if command in READING else "directory"
+    assert expected in line
+    assert not path.parent.exists()
+
+
+@pytest.mark.parametrize("command", READING)
+def test_a_store_file_that_does_not_exist_is_not_created(command: str, tmp_path: Path) -> None:
+    path = tmp_path / "missing.db"
+    line = failure_line(headrace(*store_command(command, f"sqlite:///{path}")))
+    assert f"no store at {path}" in line
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("command", STORE_COMMANDS)
+def test_a_file_that_is_not_a_database_is_named(command: str, tmp_path: Path) -> None:
+    path = tmp_path / "notes.db"
+    path.write_text("these are not the tables you are looking for\n" * 100)
+    line = failure_line(headrace(*store_command(command, str(path))))
+    assert str(path) in line
+    assert "not an SQLite database" in line
+
+
+@pytest.mark.parametrize("command", ["worker", "status", "db upgrade"])
+def test_a_store_from_a_newer_headrace_is_refused(command: str, tmp_path: Path) -> None:
+    path = tmp_path / "newer.db"
+    connection = sqlite3.connect(path)
+    connection.execute("PRAGMA user_version = 99")
+    connection.close()
+    line = failure_line(headrace(*store_command(command, str(path))))
+    assert str(path) in line
+    assert "schema version 99" in line
+    assert "newer" not in line or "headrace" in line
+
+
+@pytest.mark.parametrize("command", STORE_COMMANDS)
+def test_an_unreachable_server_is_named_without_the_password(command: str) -> None:
+    url = f"postgresql://headrace:{PASSWORD}@127.0.0.1:1/media"
+    done = headrace(*store_command(command, url))
+    line = failure_line(done)
+    assert "postgresql://headrace:***@127.0.0.1:1/media" in line
+    assert "cannot reach" in line
+    assert PASSWORD not in done.stderr + done.stdout
+
+
+@pytest.mark.parametrize("command", ["worker", "status"])
+def test_a_database_that_does_not_exist_is_named(command: str) -> None:
+    try:
+        psycopg.connect(POSTGRES_DSN, connect_timeout=3).close()
+    except psycopg.Error as exc:
+        pytest.skip(f"PostgreSQL not reachable at {POSTGRES_DSN}: {exc}")
+    parts = urlsplit(POSTGRES_DSN)
+    url = urlunsplit(parts._replace(path="/headrace_no_such_database"))
+    line = failure_line(headrace(*store_command(command, url)))
+    assert url in line
+    assert 'database "headrace_no_such_database" does not exist' in line
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory anyone may write to: the read-only case runs as another user under root."""
+    path = Path(tempfile.mkdtemp(prefix="headrace-e2e-"))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path)
+
+
+def unprivileged() -> list[str]:
+    """Root writes any file whatever its mode: as root, run the command as `nobody`."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root, and no setpriv to run the command as another user")
+    return [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+@pytest.mark.parametrize("command", ["submit", "cancel"])
+def test_a_read_only_store_is_named(command: str, shared_dir: Path) -> None:
+    path = shared_dir / "studio.db"
+    made = headrace("submit", "--app", APP, "--db", str(path), "render", "shot-0")
+    assert made.returncode == 0, made.stderr
+    path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+    line = failure_line(headrace(*store_command(command, str(path)), prefix=unprivileged()))
+    assert str(path) in line
+    assert "read-only" in line
+
+
+def test_a_port_in_use_is_named() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = failure_line(headrace("provider-sim", "--port", str(port)))
+    assert f"127.0.0.1:{port}" in line
+    assert "in use" in line
+
+
+@pytest.mark.parametrize(
+    ("target", "named"),
+    [
+        ("no_such_module:app", "cannot import 'no_such_module'"),
+        ("json:nothing", "has no attribute 'nothing'"),
+        ("json:dumps", "not a headrace App"),
+    ],
+)
+@pytest.mark.parametrize(
+    "how",
+    [
+        ["worker", "{target}"],
+        ["worker", "--app", "{target}"],
+        ["submit", "--app", "{target}", "render", "x"],
+        ["status", "--app", "{target}"],
+        ["dlq", "list", "--app", "{target}"],
+    ],
+)
+def test_a_bad_app_is_named(how: list[str], target: str, named: str, tmp_path: Path) -> None:
+    args = [part.format(target=target) for part in how]
+    line = failure_line(headrace(*args, "--db", str(tmp_path / "s.db")))
+    assert target in line
+    assert named in line
+
+
+def test_a_bad_app_from_the_environment_is_named() -> None:
+    line = failure_line(headrace("worker", env={"HEADRACE_APP": "json:nothing"}))
+    assert "json:nothing" in line
