@@ -444,3 +444,20 @@ def test_float_times_keep_every_window_and_wake_up_exact(
             assert gating.check(config, gate.state, before) is Refusal.TOKEN
     for start in granted:
         assert sum(1 for other in granted if start <= other < start + window) <= n
+
+
+@pytest.mark.parametrize(
+    ("rate", "expected"),
+    [(Rate(30, per="6s"), Rate(30, per=6)), ("30/6s", Rate(30, per=6)), ("10/s", Rate(10, per=1))],
+)
+def test_gate_config_takes_a_rate_or_its_string_form(rate: Rate | str, expected: Rate) -> None:
+    config = GateConfig("provider:video", concurrency=2, rate=rate)
+    assert config.rate == expected
+    assert config.for_key("provider:video").rate == expected
+    assert replace(config, concurrency=3) == GateConfig("provider:video", 3, expected)
+
+
+@pytest.mark.parametrize("rate", [10, 2.5, "10", "10/6", "ten a second", True, (10, "1s")])
+def test_gate_config_refuses_another_rate_naming_rate_and_both_forms(rate: object) -> None:
+    with pytest.raises(ConfigError, match=r"gate provider:video: rate: .*Rate\(30.*\"30/6s\""):
+        GateConfig("provider:video", rate=rate)  # type: ignore[arg-type]

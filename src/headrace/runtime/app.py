@@ -147,10 +147,11 @@ class App:
         name: str,
         *,
         concurrency: int | None = None,
-        rate: Rate | None = None,
+        rate: Rate | str | None = None,
         guard: Duration = 0.0,
     ) -> GateConfig:
-        """Declare a gate: a concurrency cap, a rate, or both. `session:*` makes one per key."""
+        """Declare a gate: a concurrency cap, a rate, or both. `session:*` makes one per key.
+        `rate` is a `Rate` or its string form `"N/DURATION"` (`"30/6s"`, `"10/s"`)."""
         if self._opened is not None:
             raise ConfigError(f"gate {name}: declare gates before the app is opened")
         config = GateConfig(name, concurrency, rate, seconds(guard, field="gate.guard"))
