@@ -31,6 +31,14 @@ def seconds(value: Duration, *, field: str = "duration") -> float:
     return result
 
 
+def positive_seconds(value: Duration, *, field: str) -> float:
+    """A duration that must be longer than zero (a lease, a poll interval)."""
+    result = seconds(value, field=field)
+    if result <= 0:
+        raise ConfigError(f"{field}: expected a duration longer than zero, got {value!r}")
+    return result
+
+
 def _as_float(value: int | float) -> float:
     try:
         return float(value)

@@ -142,14 +142,17 @@ def worker(
     app = load_app(target)
     if db:
         app.url = _store_url(db)
-    runner = Worker(
-        app,
-        slots=slots,
-        name=name,
-        lease=_duration(lease, "--lease"),
-        idle=_duration(idle, "--idle"),
-        grace=_duration(grace, "--grace"),
-    )
+    try:
+        runner = Worker(
+            app,
+            slots=slots,
+            name=name,
+            lease=_duration(lease, "--lease"),
+            idle=_duration(idle, "--idle"),
+            grace=_duration(grace, "--grace"),
+        )
+    except ConfigError as error:  # e.g. --lease 0: the worker's own checks, named
+        raise click.UsageError(str(error)) from None
 
     async def serve() -> None:
         try:
