@@ -21,6 +21,7 @@ from headrace.policy import (
 from headrace.policy.errors import UnknownTask
 from headrace.store.base import Store
 from headrace.store.types import (
+    MAX_DELAY,
     AttemptError,
     AttemptOutcome,
     AwaitRemote,
@@ -622,6 +623,23 @@ def test_an_empty_key_is_refused() -> None:
 )
 def test_a_cost_or_delay_that_is_not_a_finite_number_is_refused(field: str, value: Any) -> None:
     with pytest.raises(ConfigError, match=rf"task\.{field}: expected a"):
+        task("a", **{field: value})
+
+
+async def test_the_longest_delay_is_kept_exactly(store: Store, clock: ManualClock) -> None:
+    [sub] = await store.submit([task("later", delay=MAX_DELAY)])
+    record = await store.get(sub.id)
+    assert record.run_at == clock.now() + MAX_DELAY
+    assert await claim(store) == []
+    clock.advance(MAX_DELAY)
+    assert refs(await claim(store)) == ["later"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("delay", 1e300), ("delay", MAX_DELAY + 1), ("group", ""), ("group", 6)]
+)
+def test_a_delay_past_the_bound_or_a_bad_group_is_refused(field: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=rf"task\.{field}: "):
         task("a", **{field: value})
 
 

@@ -112,3 +112,49 @@ def test_the_worker_command_refuses_a_lease_of_zero_by_name(
     done = CliRunner().invoke(main, ["worker", "lease_zero_app:app", "--lease", "0"])
     assert done.exit_code == 2, done.output
     assert "worker.lease: expected a duration longer than zero" in done.output
+
+
+# -- tasks
+
+
+def stage() -> hr.TaskDefinition:
+    app = hr.App("memory://")
+    app.gate("session:*", concurrency=1)
+
+    @app.task(gates=["session:{group}"])
+    async def render(ctx: hr.Context, ref: str) -> None: ...
+
+    return render
+
+
+@pytest.mark.parametrize("group", ["", 0, 6, ["ep6"], b"ep6"])
+def test_a_spec_refuses_an_empty_or_non_string_group_by_name(group: object) -> None:
+    with pytest.raises(hr.ConfigError, match=r"^task\.group: expected a non-empty string or None"):
+        stage().spec("ep6-s01", group=group)  # type: ignore[arg-type]
+
+
+def test_a_spec_refuses_an_empty_flow_rather_than_replacing_it() -> None:
+    with pytest.raises(hr.ConfigError, match=r"^task\.flow: "):
+        stage().spec("ep6-s01", group="ep6", flow="")
+
+
+@pytest.mark.parametrize("delay", [1e300, "9000h", 10**20])
+def test_a_spec_refuses_a_delay_past_the_bound_by_name(delay: Duration) -> None:
+    with pytest.raises(hr.ConfigError, match=r"^task\.delay: "):
+        stage().spec("ep6-s01", group="ep6", delay=delay)
+
+
+def test_a_gate_list_given_as_one_string_is_refused() -> None:
+    with pytest.raises(hr.ConfigError, match=r"^task\.gates: expected a list"):
+        stage().spec("ep6-s01", group="ep6", gates="session:x")
+    app = hr.App("memory://")
+    with pytest.raises(hr.ConfigError, match=r"^task\.gates: expected a list"):
+        app.task(gates="session:x")
+
+
+async def test_submit_refuses_a_bad_group_and_creates_nothing() -> None:
+    render = stage()
+    async with render.app:
+        with pytest.raises(hr.ConfigError, match=r"task\.group"):
+            await render.submit("ep6-s01", group="")
+        assert await render.app.store.tasks() == []
