@@ -312,6 +312,18 @@ async def test_dead_keeps_the_attempt_history_without_secrets(
     assert "sig=abc" not in text and "sk-live" not in text
 
 
+async def test_dead_letters_keep_no_percent_encoded_secret(store: Store) -> None:
+    [sub] = await store.submit([task("a", max_attempts=1)])
+    [lease] = await claim(store)
+    leak = "src=https%3A%2F%2Fb%2Fclip.mp4%3FX-Amz-Signature%3DZq7T0pS3cr3t%26token%253DW9xK2sEcReT"
+    await store.finish(lease, Dead(AttemptError.of(ErrorClass.FATAL, "http_403", leak)))
+    [letter] = await store.tasks(state=TaskState.DEAD)
+    [attempt] = await store.attempts(sub.id)
+    assert letter.id == sub.id and attempt.message is not None
+    assert "Zq7T0pS3cr3t" not in attempt.message and "W9xK2sEcReT" not in attempt.message
+    assert attempt.message.startswith("src=https://b/clip.mp4?[redacted]")
+
+
 async def test_an_expired_lease_makes_the_task_ready_again(
     store: Store, clock: ManualClock
 ) -> None:

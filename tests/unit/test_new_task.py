@@ -80,3 +80,34 @@ def test_any_other_delay_is_refused_by_name(delay: float) -> None:
 def test_other_bad_fields_are_refused_by_name(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=rf"^task\.{field}: "):
         task(**{field: value})
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "https://b.s3.amazonaws.com/ev42/clip.mp4?X-Amz-Algorithm=AWS4&X-Amz-Signature=S3CR3T",
+        "https://storage.googleapis.com/b/clip.mp4?X-Goog-Signature=S3CR3T",
+        "https://d1.cloudfront.net/clip.mp4?Expires=1700000000&Signature=S3CR3T&Key-Pair-Id=K",
+        "https://acct.blob.core.windows.net/c/clip.mp4?sv=2022-11-02&sig=S3CR3T",
+        "clip.mp4?token=S3CR3T",
+        "clip.mp4?access_token=S3CR3T",
+        "clip.mp4?api_key=S3CR3T",
+        "clip.mp4%3FX-Amz-Signature%3DS3CR3T",
+        "clip.mp4%253Fsig%253DS3CR3T",
+        "CLIP.MP4?SIGNATURE=S3CR3T",
+        "Bearer S3CR3T",
+        "https://uploader:S3CR3T@media.example.com/ev42/clip.mp4",
+    ],
+)
+def test_a_ref_that_carries_a_credential_is_refused_without_echoing_it(ref: str) -> None:
+    with pytest.raises(ConfigError, match=r"^task\.ref: carries a credential") as refused:
+        task(ref=ref)
+    assert "S3CR3T" not in str(refused.value)
+    assert "stable record id" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "ref", ["ep6-s01", "uploads/ev42/8f14e45f.mp4", "https://cdn.example.com/v/ep6.mp4?v=2"]
+)
+def test_a_record_id_is_a_ref(ref: str) -> None:
+    assert task(ref=ref).ref == ref

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from headrace.policy.errors import ConfigError, ErrorClass
 from headrace.policy.gate import GateConfig
-from headrace.policy.redact import redact
+from headrace.policy.redact import credential_in, redact
 from headrace.policy.tiers import Tier
 
 
@@ -79,6 +79,13 @@ class NewTask:
             check_text(name, getattr(self, name), optional=True)
         if len(self.ref) > MAX_REF:
             raise ConfigError(f"task.ref: a stable record id, at most {MAX_REF} characters")
+        found = credential_in(self.ref)
+        if found is not None:
+            raise ConfigError(
+                f"task.ref: carries a credential ({found}); pass a stable record id (an upload's "
+                "or asset's id) and let the handler fetch what it needs, never a signed URL, a "
+                "token or a password"
+            )
         _check_gates(self.gates)
         _check_after(self.after)
         if not _whole(self.max_attempts) or self.max_attempts < 1:
