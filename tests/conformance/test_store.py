@@ -12,6 +12,7 @@ import pytest
 from headrace.policy import (
     ConfigError,
     ErrorClass,
+    KeyConflict,
     LeaseLost,
     ManualClock,
     QueueFull,
@@ -72,16 +73,130 @@ async def test_submit_then_get(store: Store, clock: ManualClock) -> None:
     assert record.created_at == clock.now()
 
 
-async def test_same_key_returns_the_existing_task(store: Store) -> None:
-    [first] = await store.submit([task("a", key="k1")])
-    [again, other] = await store.submit([task("a2", key="k1"), task("b", key="k2")])
-    assert again.id == first.id and not again.created
+async def test_same_key_and_payload_returns_the_existing_task(store: Store) -> None:
+    [first] = await store.submit([task("a", key="k1", group="ep1")])
+    [again, other] = await store.submit(
+        [task("a", key="k1", group="ep1", delay=30.0), task("b", key="k2")]
+    )
+    assert again.id == first.id and not again.created  # delay counts from now: not compared
     assert other.created
-    [dup_in_batch, dup] = await store.submit([task("c", key="k3"), task("d", key="k3")])
+    [dup_in_batch, dup] = await store.submit([task("c", key="k3"), task("c", key="k3")])
     assert dup.id == dup_in_batch.id and not dup.created
     assert len(await store.tasks()) == 3
     found = await store.find("k1")
     assert found is not None and found.ref == "a"
+
+
+KEYED: dict[str, Any] = {
+    "kind": "work",
+    "gates": ("provider:image", "free"),
+    "flow": "ep1",
+    "group": "ep1",
+    "tier": Tier.NORMAL,
+    "cost": 2.0,
+    "max_attempts": 3,
+    "weight": 1.0,
+}
+CHANGED: list[tuple[str, Any]] = [
+    ("kind", "other"),
+    ("ref", "a2"),
+    ("gates", ("provider:image",)),
+    ("flow", "ep2"),
+    ("group", "ep2"),
+    ("group", None),
+    ("tier", Tier.RUSH),
+    ("cost", 2.5),
+    ("max_attempts", 4),
+    ("weight", 2.0),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), CHANGED)
+async def test_a_key_with_another_payload_is_refused_naming_the_field(
+    store: Store, field: str, value: Any
+) -> None:
+    [first] = await store.submit([task("a", key="k1", **KEYED)])
+    changed = {**KEYED, "ref": "a", field: value}
+    with pytest.raises(KeyConflict, match=rf"'k1' already names task {first.id}, whose {field}"):
+        await store.submit([task("b", key="k2"), NewTask(key="k1", **changed)])
+    with pytest.raises(KeyConflict) as refused:
+        await store.submit([NewTask(key="k1", **changed)], bounds={"work": 100, "other": 100})
+    assert (refused.value.key, refused.value.field) == ("k1", field)
+    assert refused.value.task_id == first.id
+    assert [t.ref for t in await store.tasks()] == ["a"]  # the batch was refused whole
+    reordered = {**KEYED, "ref": "a", "gates": ("free", "provider:image"), "cost": 2}
+    [again] = await store.submit([NewTask(key="k1", **reordered)])  # the same payload
+    assert again.id == first.id and not again.created
+
+
+async def test_a_key_whose_dependencies_differ_is_refused(store: Store) -> None:
+    dep_a, dep_b = await store.submit([task("dep-a"), task("dep-b")])
+    [first] = await store.submit([task("a", key="k1", after=(dep_a.id,))])
+    with pytest.raises(KeyConflict, match="whose after differs"):
+        await store.submit([task("a", key="k1", after=(dep_b.id,))])
+    with pytest.raises(KeyConflict, match="whose after differs"):
+        await store.submit([task("a", key="k1")])
+    [again] = await store.submit([task("a", key="k1", after=(dep_a.id, dep_a.id))])
+    assert again.id == first.id and not again.created
+
+
+async def test_a_key_given_twice_in_a_batch_with_two_payloads_refuses_the_batch(
+    store: Store,
+) -> None:
+    with pytest.raises(KeyConflict, match="'k1' already names an earlier task of this batch"):
+        await store.submit([task("a", key="k1"), task("b"), task("a", key="k1", cost=3.0)])
+    assert await store.tasks() == []
+
+
+async def test_a_batch_submitted_again_names_the_same_tasks_siblings_included(
+    store: Store,
+) -> None:
+    def batch() -> list[NewTask]:
+        return [
+            task("s1", key="ep1/s1"),
+            task("s2", key="ep1/s2"),
+            task("assembly", key="ep1/assembly", after=(Sibling(0), Sibling(1))),
+        ]
+
+    first = await store.submit(batch())
+    again = await store.submit(batch())
+    assert [s.id for s in again] == [s.id for s in first]
+    assert [s.created for s in first] == [True] * 3 and [s.created for s in again] == [False] * 3
+    # A sibling without a key is a new task each time: a keyed task waiting on it is not the
+    # task its key names, which waits on the first one.
+    [_, keyed] = await store.submit(
+        [task("s0"), task("joined", key="ep1/joined", after=(Sibling(0),))]
+    )
+    assert keyed.created
+    with pytest.raises(KeyConflict, match="whose after differs"):
+        await store.submit([task("s0"), task("joined", key="ep1/joined", after=(Sibling(0),))])
+    assert len(await store.tasks()) == 5
+
+
+async def test_successor_keys_name_their_task_only_with_the_same_payload(store: Store) -> None:
+    [script] = await store.submit([task("script", group="ep1")])
+    [other] = await store.submit([task("other script", group="ep1")])
+    leases = await claim(store)
+    successors = (
+        task("s1", group="ep1", key="script>shot:s1"),
+        task("assembly", group="ep1", key="script>assembly:ep1", after=(Sibling(0), script.id)),
+    )
+    mine = next(lease for lease in leases if lease.task_id == script.id)
+    await store.finish(mine, Succeeded(successors=successors))
+    # The same successors again (a parent re-run, a producer): the same tasks.
+    again = await store.submit(list(successors))
+    created = {t.key: t.id for t in await store.tasks(group="ep1") if t.key}
+    assert [s.id for s in again] == [created["script>shot:s1"], created["script>assembly:ep1"]]
+    assert not any(s.created for s in again)
+    # A completion whose successor reuses a key with another payload is refused whole.
+    theirs = next(lease for lease in leases if lease.task_id == other.id)
+    clash = (task("s1", group="ep1", key="script>shot:s1", cost=5.0),)
+    with pytest.raises(KeyConflict, match="whose cost differs"):
+        await store.finish(theirs, Succeeded(successors=clash))
+    assert (await store.get(other.id)).state is TaskState.RUNNING
+    [error] = await store.finish_many([(theirs, Succeeded(successors=clash))])
+    assert isinstance(error, KeyConflict) and error.field == "cost"
+    assert len(await store.tasks()) == 4
 
 
 async def test_unknown_gate_and_task_are_refused_whole(store: Store) -> None:

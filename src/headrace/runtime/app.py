@@ -120,7 +120,8 @@ class TaskDefinition:
 
     async def submit(self, ref: str, **fields: object) -> int:
         """Enqueue one task and return its id. With a waiting bound, wait for room (or raise
-        QueueFull when the stage refuses); an existing `key` returns the existing task's id."""
+        QueueFull when the stage refuses). A known `key` returns its task's id when the payload
+        is the same, and raises KeyConflict when it is not."""
         spec = self.spec(ref, **fields)  # type: ignore[arg-type]
         [submitted] = await self.app.submit([spec])
         return submitted

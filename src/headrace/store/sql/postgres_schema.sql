@@ -40,7 +40,8 @@ CREATE TABLE tasks (
     error_code      text,
     expiries        integer          NOT NULL DEFAULT 0,
     unmet           integer          NOT NULL DEFAULT 0,  -- dependencies not yet succeeded
-    attempt_base    integer          NOT NULL DEFAULT 0   -- attempts before the last redrive
+    attempt_base    integer          NOT NULL DEFAULT 0,  -- attempts before the last redrive
+    payload_digest  text  -- a keyed task's payload digest (store/idempotency.py), else NULL
 );
 
 CREATE UNIQUE INDEX tasks_key ON tasks (key) WHERE key IS NOT NULL;

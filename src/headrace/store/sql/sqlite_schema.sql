@@ -33,7 +33,8 @@ CREATE TABLE tasks (
     error_code      TEXT,
     expiries        INTEGER NOT NULL DEFAULT 0,
     unmet           INTEGER NOT NULL DEFAULT 0,  -- dependencies not yet succeeded
-    attempt_base    INTEGER NOT NULL DEFAULT 0  -- attempts made before the last redrive
+    attempt_base    INTEGER NOT NULL DEFAULT 0, -- attempts made before the last redrive
+    payload_digest  TEXT  -- a keyed task's payload digest (store/idempotency.py), else NULL
 );
 
 CREATE UNIQUE INDEX tasks_key ON tasks (key) WHERE key <> '';
