@@ -220,6 +220,21 @@ async def test_bound_refuses_when_the_stage_is_full(store: Store) -> None:
     await store.submit([task("c", kind="scan")], bounds={"scan": 2})
 
 
+async def test_a_bound_counts_only_the_tasks_a_batch_creates(store: Store) -> None:
+    bounds = {"scan": 2}
+    [a] = await store.submit([task("a", kind="scan", key="a")], bounds=bounds)
+    # "a" again names its task and "b" twice is one task: two tasks waiting, not four.
+    batch = [task(r, kind="scan", key=r) for r in ("a", "b", "b")]
+    again, b, b_again = await store.submit(batch, bounds=bounds)
+    assert again.id == a.id and b_again.id == b.id and b.created and not b_again.created
+    with pytest.raises(QueueFull):
+        await store.submit([task("c", kind="scan", key="c")], bounds=bounds)
+    # A full stage does not hide a key reused with another payload.
+    with pytest.raises(KeyConflict, match="whose cost differs"):
+        await store.submit([task("a", kind="scan", key="a", cost=2.0)], bounds=bounds)
+    assert len(await store.tasks()) == 2
+
+
 # -- dependencies and successors
 
 

@@ -100,6 +100,11 @@ def reused(step: int | Sibling, results: Sequence[Submitted]) -> Submitted:
     return Submitted(task_id, created=False)
 
 
+def created_of_kind(tasks: Sequence[NewTask], planned: Sequence[Planned], kind: str) -> int:
+    """How many tasks of `kind` the batch creates (what a stage's bound counts)."""
+    return sum(1 for t, p in zip(tasks, planned, strict=True) if t.kind == kind and p is None)
+
+
 def stored_digest(task: NewTask, after: Iterable[int]) -> str | None:
     """What a backend stores with a new task: its payload digest if it has a key, else None."""
     return None if task.key is None else payload_digest(task, after)

@@ -124,9 +124,7 @@ class MemoryStore:
         planned = self._plan(tasks)
         waiting = {TaskState.PENDING, TaskState.READY}
         for kind, bound in bounds.items():
-            new = sum(
-                1 for t, p in zip(tasks, planned, strict=True) if t.kind == kind and p is None
-            )
+            new = idempotency.created_of_kind(tasks, planned, kind)
             if not new:
                 continue
             queued = sum(1 for t in self._tasks.values() if t.kind == kind and t.state in waiting)

@@ -966,9 +966,7 @@ class _Transaction:
         bounds: Mapping[str, int],
     ) -> None:
         for kind in sorted(bounds):
-            new = sum(
-                1 for t, p in zip(tasks, planned, strict=True) if t.kind == kind and p is None
-            )
+            new = idempotency.created_of_kind(tasks, planned, kind)
             if not new:
                 continue
             # One submitter at a time counts a bounded kind, so two cannot both squeeze in.

@@ -443,9 +443,7 @@ class _Transaction:
         bounds: Mapping[str, int],
     ) -> None:
         for kind, bound in bounds.items():
-            new = sum(
-                1 for t, p in zip(tasks, planned, strict=True) if t.kind == kind and p is None
-            )
+            new = idempotency.created_of_kind(tasks, planned, kind)
             if not new:
                 continue
             queued = int(self.one("count_queued", kind=kind)["n"])
