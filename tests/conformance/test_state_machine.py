@@ -5,7 +5,8 @@ by state, attempt histories) and compared with a small pure-Python model. The mo
 re-implement fair ordering or aging: it takes each claim's choice as given and checks only what
 it can know (the chosen tasks were claimable and their gates had room; a short claim left nothing
 the gates would admit). Everything else it predicts exactly: states, attempt histories, leases
-and their fencing, tickets, rate windows and penalties, dependencies, keys, successors, reaping,
+and their fencing, tickets, rate windows and penalties, dependencies, keys (a key submitted again
+names its task with the same payload and is refused with another), successors, reaping,
 cancellation and redrives.
 
 The machine runs on every backend the conformance suite lists; each example gets a fresh store in
@@ -21,7 +22,7 @@ import shutil
 import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Collection, Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -37,7 +38,16 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from headrace.policy import ConfigError, ErrorClass, GateConfig, LeaseLost, ManualClock, Rate, Tier
+from headrace.policy import (
+    ConfigError,
+    ErrorClass,
+    GateConfig,
+    KeyConflict,
+    LeaseLost,
+    ManualClock,
+    Rate,
+    Tier,
+)
 from headrace.policy.gate import GateStatistics
 from headrace.store.base import Store
 from headrace.store.types import (
@@ -185,6 +195,7 @@ class Model:
     def __init__(self) -> None:
         self.tasks: dict[int, ModelTask] = {}
         self.keys: dict[str, int] = {}
+        self.payloads: dict[str, NewTask] = {}  # by key: the task first submitted with it
         self.gate_starts: dict[str, list[float]] = {name: [] for name in RATES}
         self.lost_by: dict[str, list[float]] = defaultdict(list)  # when each worker lost leases
         self.penalized_until: dict[str, float] = dict.fromkeys(RATES, -math.inf)
@@ -249,7 +260,15 @@ class Model:
             return ConfigError
         if isinstance(outcome, AwaitRemote) and state is TaskState.WAITING:
             return ConfigError
+        if isinstance(outcome, Succeeded) and any(map(self.clashes, outcome.successors)):
+            return KeyConflict
         return None
+
+    def clashes(self, new: NewTask) -> bool:
+        """Whether `new` reuses a stored key with another payload (successors name no
+        siblings, so their dependencies are ids as stored)."""
+        stored = self.payloads.get(new.key) if new.key is not None else None
+        return stored is not None and payload(stored) != payload(new)
 
     def edges(self, now: float) -> list[float]:
         """Times after `now` at which a claim, poll or reap may find something new."""
@@ -282,6 +301,7 @@ class Model:
         )
         if new.key is not None:
             self.keys[new.key] = task_id
+            self.payloads[new.key] = replace(new, after=deps)
         if any(state in (TaskState.DEAD, TaskState.CANCELLED) for state in states):
             self.cancel_tree(task_id, UPSTREAM_FAILED, now)
 
@@ -421,6 +441,16 @@ class Model:
             self.restore(dependent.id)
 
 
+def payload(task: NewTask) -> tuple[Any, ...]:
+    """What a key stands for: the task without its key and delay, gates and ids as sets."""
+    after = frozenset(task.after)
+    gates = frozenset(task.gates)
+    return (
+        *(task.kind, task.ref, gates, task.flow, task.group, task.tier, task.cost),
+        *(task.max_attempts, task.weight, after),
+    )
+
+
 # -- what the store says, read whole
 
 
@@ -509,6 +539,26 @@ class StoreMachine(RuleBasedStateMachine):
             max_attempts=spec.max_attempts,
         )
 
+    def new_batch(
+        self,
+        specs: Sequence[Spec],
+        afters: Sequence[tuple[int | Sibling, ...]] | None = None,
+        pending: dict[str, NewTask] | None = None,
+    ) -> list[NewTask]:
+        """Tasks for `specs`, where a key already used (stored, earlier in the batch, or in
+        `pending`, which this fills) comes again with the payload it was first used with."""
+        reused = {**self.model.payloads, **(pending or {})}
+        batch: list[NewTask] = []
+        for index, spec in enumerate(specs):
+            earlier = reused.get(spec.key) if spec.key is not None else None
+            new = earlier or self.new_task(spec, afters[index] if afters else ())
+            if new.key is not None:
+                reused.setdefault(new.key, new)
+                if pending is not None:
+                    pending.setdefault(new.key, new)
+            batch.append(new)
+        return batch
+
     def held_leases(self) -> list[Lease]:
         return [lease for worker in WORKERS for lease in self.held[worker]]
 
@@ -523,12 +573,26 @@ class StoreMachine(RuleBasedStateMachine):
 
     @initialize(specs=st.lists(SPECS, min_size=2, max_size=6))
     def some_work(self, specs: list[Spec]) -> None:
-        self.submit_batch([self.new_task(spec) for spec in specs])
+        self.submit_batch(self.new_batch(specs))
 
     @rule(specs=st.lists(SPECS, min_size=1, max_size=3), data=st.data())
     def submit(self, specs: list[Spec], data: st.DataObject) -> None:
-        batch = [self.new_task(spec, self.draw_after(data, i)) for i, spec in enumerate(specs)]
-        self.submit_batch(batch)
+        afters = [self.draw_after(data, i) for i in range(len(specs))]
+        self.submit_batch(self.new_batch(specs, afters))
+
+    @precondition(lambda self: bool(self.model.payloads))
+    @rule(data=st.data(), spec=SPECS)
+    def reuse_a_key_with_another_payload(self, data: st.DataObject, spec: Spec) -> None:
+        """A key submitted again with another payload is refused, and the whole batch with it."""
+        key = data.draw(st.sampled_from(sorted(self.model.payloads)), label="key")
+        changed = replace(self.model.payloads[key], ref=f"t{next(self.refs)}")
+        batch = [self.new_task(replace(spec, key=None)), changed]
+        before = self.run(read_store(self.store))
+        with pytest.raises(KeyConflict) as refused:
+            self.run(self.store.submit(batch))
+        assert (refused.value.key, refused.value.field) == (key, "ref")
+        assert refused.value.task_id == self.model.keys[key]
+        assert self.run(read_store(self.store)) == before, "a refused submit changed the store"
 
     def submit_batch(self, batch: list[NewTask]) -> None:
         now = self.now()
@@ -723,7 +787,10 @@ class StoreMachine(RuleBasedStateMachine):
         pool = [*self.held_leases(), *self.old]
         picks = st.lists(st.integers(0, len(pool) - 1), min_size=1, max_size=3)
         leases = [pool[i] for i in data.draw(picks, label="leases")]
-        batch = [(lease, self.draw_outcome(lease, data.draw(ACTIONS), data)) for lease in leases]
+        pending: dict[str, NewTask] = {}  # keys the batch's successors use for the first time
+        batch = [
+            (lease, self.draw_outcome(lease, data.draw(ACTIONS), data, pending)) for lease in leases
+        ]
         now, before = self.now(), set(self.model.tasks)
         errors = self.run(self.store.finish_many(batch))
         assert len(errors) == len(batch)
@@ -744,7 +811,7 @@ class StoreMachine(RuleBasedStateMachine):
             self.model.apply(self.model.tasks[lease.task_id], outcome, now)
         else:
             assert isinstance(error, expected), f"{what}: {error!r}, not {expected.__name__}"
-        if expected is not ConfigError:
+        if expected is None or expected is LeaseLost:
             self.let_go(lease)
         return expected is None
 
@@ -753,10 +820,21 @@ class StoreMachine(RuleBasedStateMachine):
         if action != "hold":
             self.finish(lease, self.draw_outcome(lease, action, data))
 
-    def draw_outcome(self, lease: Lease, action: str, data: st.DataObject) -> Outcome:
+    def draw_outcome(
+        self,
+        lease: Lease,
+        action: str,
+        data: st.DataObject,
+        pending: dict[str, NewTask] | None = None,
+    ) -> Outcome:
         if action == "done":
             specs = data.draw(st.lists(SPECS, max_size=2), label="successors")
-            return Succeeded(successors=tuple(self.new_task(spec) for spec in specs))
+            successors = self.new_batch(specs, pending=pending)
+            if self.model.payloads and data.draw(st.integers(0, 9), label="clash") == 0:
+                key = data.draw(st.sampled_from(sorted(self.model.payloads)), label="key")
+                clash = replace(self.model.payloads[key], ref=f"t{next(self.refs)}")
+                successors.append(clash)  # a key reused with another payload: refused
+            return Succeeded(successors=tuple(successors))
         if action == "retry":
             return Retry(BOOM, data.draw(DELAY, label="delay"), self.draw_penalty(lease, data))
         if action == "dead":

@@ -12,6 +12,7 @@ import pytest
 from headrace.policy import (
     ConfigError,
     ErrorClass,
+    KeyConflict,
     LeaseLost,
     ManualClock,
     QueueFull,
@@ -21,6 +22,7 @@ from headrace.policy import (
 from headrace.policy.errors import UnknownTask
 from headrace.store.base import Store
 from headrace.store.types import (
+    MAX_DELAY,
     AttemptError,
     AttemptOutcome,
     AwaitRemote,
@@ -71,16 +73,130 @@ async def test_submit_then_get(store: Store, clock: ManualClock) -> None:
     assert record.created_at == clock.now()
 
 
-async def test_same_key_returns_the_existing_task(store: Store) -> None:
-    [first] = await store.submit([task("a", key="k1")])
-    [again, other] = await store.submit([task("a2", key="k1"), task("b", key="k2")])
-    assert again.id == first.id and not again.created
+async def test_same_key_and_payload_returns_the_existing_task(store: Store) -> None:
+    [first] = await store.submit([task("a", key="k1", group="ep1")])
+    [again, other] = await store.submit(
+        [task("a", key="k1", group="ep1", delay=30.0), task("b", key="k2")]
+    )
+    assert again.id == first.id and not again.created  # delay counts from now: not compared
     assert other.created
-    [dup_in_batch, dup] = await store.submit([task("c", key="k3"), task("d", key="k3")])
+    [dup_in_batch, dup] = await store.submit([task("c", key="k3"), task("c", key="k3")])
     assert dup.id == dup_in_batch.id and not dup.created
     assert len(await store.tasks()) == 3
     found = await store.find("k1")
     assert found is not None and found.ref == "a"
+
+
+KEYED: dict[str, Any] = {
+    "kind": "work",
+    "gates": ("provider:image", "free"),
+    "flow": "ep1",
+    "group": "ep1",
+    "tier": Tier.NORMAL,
+    "cost": 2.0,
+    "max_attempts": 3,
+    "weight": 1.0,
+}
+CHANGED: list[tuple[str, Any]] = [
+    ("kind", "other"),
+    ("ref", "a2"),
+    ("gates", ("provider:image",)),
+    ("flow", "ep2"),
+    ("group", "ep2"),
+    ("group", None),
+    ("tier", Tier.RUSH),
+    ("cost", 2.5),
+    ("max_attempts", 4),
+    ("weight", 2.0),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), CHANGED)
+async def test_a_key_with_another_payload_is_refused_naming_the_field(
+    store: Store, field: str, value: Any
+) -> None:
+    [first] = await store.submit([task("a", key="k1", **KEYED)])
+    changed = {**KEYED, "ref": "a", field: value}
+    with pytest.raises(KeyConflict, match=rf"'k1' already names task {first.id}, whose {field}"):
+        await store.submit([task("b", key="k2"), NewTask(key="k1", **changed)])
+    with pytest.raises(KeyConflict) as refused:
+        await store.submit([NewTask(key="k1", **changed)], bounds={"work": 100, "other": 100})
+    assert (refused.value.key, refused.value.field) == ("k1", field)
+    assert refused.value.task_id == first.id
+    assert [t.ref for t in await store.tasks()] == ["a"]  # the batch was refused whole
+    reordered = {**KEYED, "ref": "a", "gates": ("free", "provider:image"), "cost": 2}
+    [again] = await store.submit([NewTask(key="k1", **reordered)])  # the same payload
+    assert again.id == first.id and not again.created
+
+
+async def test_a_key_whose_dependencies_differ_is_refused(store: Store) -> None:
+    dep_a, dep_b = await store.submit([task("dep-a"), task("dep-b")])
+    [first] = await store.submit([task("a", key="k1", after=(dep_a.id,))])
+    with pytest.raises(KeyConflict, match="whose after differs"):
+        await store.submit([task("a", key="k1", after=(dep_b.id,))])
+    with pytest.raises(KeyConflict, match="whose after differs"):
+        await store.submit([task("a", key="k1")])
+    [again] = await store.submit([task("a", key="k1", after=(dep_a.id, dep_a.id))])
+    assert again.id == first.id and not again.created
+
+
+async def test_a_key_given_twice_in_a_batch_with_two_payloads_refuses_the_batch(
+    store: Store,
+) -> None:
+    with pytest.raises(KeyConflict, match="'k1' already names an earlier task of this batch"):
+        await store.submit([task("a", key="k1"), task("b"), task("a", key="k1", cost=3.0)])
+    assert await store.tasks() == []
+
+
+async def test_a_batch_submitted_again_names_the_same_tasks_siblings_included(
+    store: Store,
+) -> None:
+    def batch() -> list[NewTask]:
+        return [
+            task("s1", key="ep1/s1"),
+            task("s2", key="ep1/s2"),
+            task("assembly", key="ep1/assembly", after=(Sibling(0), Sibling(1))),
+        ]
+
+    first = await store.submit(batch())
+    again = await store.submit(batch())
+    assert [s.id for s in again] == [s.id for s in first]
+    assert [s.created for s in first] == [True] * 3 and [s.created for s in again] == [False] * 3
+    # A sibling without a key is a new task each time: a keyed task waiting on it is not the
+    # task its key names, which waits on the first one.
+    [_, keyed] = await store.submit(
+        [task("s0"), task("joined", key="ep1/joined", after=(Sibling(0),))]
+    )
+    assert keyed.created
+    with pytest.raises(KeyConflict, match="whose after differs"):
+        await store.submit([task("s0"), task("joined", key="ep1/joined", after=(Sibling(0),))])
+    assert len(await store.tasks()) == 5
+
+
+async def test_successor_keys_name_their_task_only_with_the_same_payload(store: Store) -> None:
+    [script] = await store.submit([task("script", group="ep1")])
+    [other] = await store.submit([task("other script", group="ep1")])
+    leases = await claim(store)
+    successors = (
+        task("s1", group="ep1", key="script>shot:s1"),
+        task("assembly", group="ep1", key="script>assembly:ep1", after=(Sibling(0), script.id)),
+    )
+    mine = next(lease for lease in leases if lease.task_id == script.id)
+    await store.finish(mine, Succeeded(successors=successors))
+    # The same successors again (a parent re-run, a producer): the same tasks.
+    again = await store.submit(list(successors))
+    created = {t.key: t.id for t in await store.tasks(group="ep1") if t.key}
+    assert [s.id for s in again] == [created["script>shot:s1"], created["script>assembly:ep1"]]
+    assert not any(s.created for s in again)
+    # A completion whose successor reuses a key with another payload is refused whole.
+    theirs = next(lease for lease in leases if lease.task_id == other.id)
+    clash = (task("s1", group="ep1", key="script>shot:s1", cost=5.0),)
+    with pytest.raises(KeyConflict, match="whose cost differs"):
+        await store.finish(theirs, Succeeded(successors=clash))
+    assert (await store.get(other.id)).state is TaskState.RUNNING
+    [error] = await store.finish_many([(theirs, Succeeded(successors=clash))])
+    assert isinstance(error, KeyConflict) and error.field == "cost"
+    assert len(await store.tasks()) == 4
 
 
 async def test_unknown_gate_and_task_are_refused_whole(store: Store) -> None:
@@ -102,6 +218,21 @@ async def test_bound_refuses_when_the_stage_is_full(store: Store) -> None:
     leases = await claim(store, 1)
     await store.finish(leases[0], Succeeded())
     await store.submit([task("c", kind="scan")], bounds={"scan": 2})
+
+
+async def test_a_bound_counts_only_the_tasks_a_batch_creates(store: Store) -> None:
+    bounds = {"scan": 2}
+    [a] = await store.submit([task("a", kind="scan", key="a")], bounds=bounds)
+    # "a" again names its task and "b" twice is one task: two tasks waiting, not four.
+    batch = [task(r, kind="scan", key=r) for r in ("a", "b", "b")]
+    again, b, b_again = await store.submit(batch, bounds=bounds)
+    assert again.id == a.id and b_again.id == b.id and b.created and not b_again.created
+    with pytest.raises(QueueFull):
+        await store.submit([task("c", kind="scan", key="c")], bounds=bounds)
+    # A full stage does not hide a key reused with another payload.
+    with pytest.raises(KeyConflict, match="whose cost differs"):
+        await store.submit([task("a", kind="scan", key="a", cost=2.0)], bounds=bounds)
+    assert len(await store.tasks()) == 2
 
 
 # -- dependencies and successors
@@ -401,6 +532,18 @@ async def test_dead_keeps_the_attempt_history_without_secrets(
     assert history[1].error_class is ErrorClass.FATAL
     text = " ".join(str(a.message) for a in history)
     assert "sig=abc" not in text and "sk-live" not in text
+
+
+async def test_dead_letters_keep_no_percent_encoded_secret(store: Store) -> None:
+    [sub] = await store.submit([task("a", max_attempts=1)])
+    [lease] = await claim(store)
+    leak = "src=https%3A%2F%2Fb%2Fclip.mp4%3FX-Amz-Signature%3DZq7T0pS3cr3t%26token%253DW9xK2sEcReT"
+    await store.finish(lease, Dead(AttemptError.of(ErrorClass.FATAL, "http_403", leak)))
+    [letter] = await store.tasks(state=TaskState.DEAD)
+    [attempt] = await store.attempts(sub.id)
+    assert letter.id == sub.id and attempt.message is not None
+    assert "Zq7T0pS3cr3t" not in attempt.message and "W9xK2sEcReT" not in attempt.message
+    assert attempt.message.startswith("src=https://b/clip.mp4?[redacted]")
 
 
 async def test_an_expired_lease_makes_the_task_ready_again(
@@ -759,6 +902,23 @@ def test_an_empty_key_is_refused() -> None:
 )
 def test_a_cost_or_delay_that_is_not_a_finite_number_is_refused(field: str, value: Any) -> None:
     with pytest.raises(ConfigError, match=rf"task\.{field}: expected a"):
+        task("a", **{field: value})
+
+
+async def test_the_longest_delay_is_kept_exactly(store: Store, clock: ManualClock) -> None:
+    [sub] = await store.submit([task("later", delay=MAX_DELAY)])
+    record = await store.get(sub.id)
+    assert record.run_at == clock.now() + MAX_DELAY
+    assert await claim(store) == []
+    clock.advance(MAX_DELAY)
+    assert refs(await claim(store)) == ["later"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("delay", 1e300), ("delay", MAX_DELAY + 1), ("group", ""), ("group", 6)]
+)
+def test_a_delay_past_the_bound_or_a_bad_group_is_refused(field: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=rf"task\.{field}: "):
         task("a", **{field: value})
 
 

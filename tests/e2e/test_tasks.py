@@ -32,10 +32,14 @@ def test_submit_prints_the_new_id_and_a_known_key_says_so(tmp_path: Path) -> Non
     )
     second = submitted_id(keyed)
     assert second == first + 1
-    again = headrace("submit", "--app", APP, "--db", db, "render", "other", "--key", "ep1/s2:v1")
+    again = headrace(*keyed.args[3:])  # the same submission: the same task
     assert again.returncode == 0, again.stderr
     assert f"task {second} already has the key 'ep1/s2:v1'" in again.stdout
     assert "nothing new submitted" in again.stdout
+    other = failure_line(
+        headrace("submit", "--app", APP, "--db", db, "render", "other", "--key", "ep1/s2:v1")
+    )
+    assert f"already names task {second}, whose ref differs" in other
     show = headrace("dlq", "show", "--db", db, str(second))
     assert show.returncode == 0, show.stderr
     for field in ("ep1 / ep1", "rush (submitted rush)", "provider:image", "ep1/s2:v1"):

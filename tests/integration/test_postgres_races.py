@@ -17,6 +17,7 @@ import pytest
 from psycopg import sql
 
 from headrace.policy import GateConfig, Tier
+from headrace.policy.errors import KeyConflict
 from headrace.store.memory import MemoryStore
 from headrace.store.postgres import PostgresStore
 from headrace.store.types import NewTask, Settings, Sibling, Succeeded, TaskState
@@ -50,14 +51,37 @@ async def test_a_key_submitted_by_two_writers_at_once_names_one_task(
 ) -> None:
     first, second = stores
     for n in range(ROUNDS):
-        # Overlapping batches in other flows, so neither waits on the other's flow lock.
-        mine = [NewTask("shot", f"r{n}", key=f"k{n}/{i}", flow=f"a{n}") for i in range(4)]
-        theirs = [NewTask("shot", f"r{n}", key=f"k{n}/{i}", flow=f"b{n}") for i in range(2, 6)]
+        # Overlapping batches: the shared keys come with the same payload (one flow per key).
+        mine = [NewTask("shot", f"r{n}", key=f"k{n}/{i}", flow=f"f{n}/{i}") for i in range(4)]
+        theirs = [NewTask("shot", f"r{n}", key=f"k{n}/{i}", flow=f"f{n}/{i}") for i in range(2, 6)]
         a, b = await asyncio.gather(first.submit(mine), second.submit(theirs))
         assert [s.id for s in a[2:]] == [s.id for s in b[:2]]  # the shared keys
         assert sum(s.created for s in [*a, *b]) == 6  # each key created once
     counts = await first.counts()
     assert counts[TaskState.READY] == 6 * ROUNDS
+
+
+async def test_a_key_submitted_by_two_writers_with_two_payloads_names_the_first(
+    stores: list[PostgresStore],
+) -> None:
+    """The writer that loses the race for a key runs again, finds the winner's task and is
+    refused, since its payload differs: exactly one task per key, one KeyConflict per round."""
+    first, second = stores
+    for n in range(ROUNDS):
+        mine = [NewTask("shot", f"r{n}", key=f"k{n}", flow=f"a{n}")]
+        theirs = [NewTask("shot", f"other{n}", key=f"k{n}", flow=f"b{n}")]
+        results = await asyncio.gather(
+            first.submit(mine), second.submit(theirs), return_exceptions=True
+        )
+        refused = [r for r in results if isinstance(r, KeyConflict)]
+        created = [r for r in results if isinstance(r, list)]
+        assert len(refused) == 1 and len(created) == 1, results
+        assert refused[0].task_id == created[0][0].id
+        assert refused[0].field == "ref"  # the first field that differs
+        found = await first.find(f"k{n}")
+        assert found is not None and found.id == created[0][0].id
+    counts = await first.counts()
+    assert counts[TaskState.READY] == ROUNDS
 
 
 async def notified(store: PostgresStore, write: Any) -> bool:

@@ -15,10 +15,10 @@ from psycopg import sql as pgsql
 from psycopg.rows import DictRow, dict_row
 
 from headrace.policy import ConfigError, StoreError
-from headrace.policy.errors import SchemaTooNew, StoreUnavailable
+from headrace.policy.errors import KeyConflict, SchemaTooNew, StoreUnavailable
 from headrace.store import sql
 from headrace.store.postgres import MIGRATIONS, QUERIES, PostgresStore, migrate, split_url
-from headrace.store.types import Settings
+from headrace.store.types import NewTask, Settings
 from headrace.store.urls import open_store
 from tests.conformance.conftest import drop_schemas, postgres_reachable
 
@@ -275,3 +275,22 @@ async def test_an_unreachable_server_is_unavailable_at_once() -> None:
     with pytest.raises(StoreError, match="not open"):
         await store.counts()
     await store.close()
+
+
+async def test_a_key_stored_before_payload_digests_names_its_task_whatever_the_payload(
+    conn: Connection, schemas: list[str]
+) -> None:
+    """Migration 2 adds the digest column with no value for the tasks already stored: their keys
+    keep naming them, as they did before the digest existed."""
+    store = PostgresStore(postgres_reachable(), schema=schemas[0])
+    await store.open(Settings())
+    try:
+        [first] = await store.submit([NewTask("render", "ep6-s01", key="ep6-s01:v1")])
+        with pytest.raises(KeyConflict):
+            await store.submit([NewTask("render", "ep6-s02", key="ep6-s01:v1")])
+        table = pgsql.Identifier(schemas[0], "tasks")
+        await conn.execute(pgsql.SQL("UPDATE {} SET payload_digest = NULL").format(table))
+        [again] = await store.submit([NewTask("render", "ep6-s02", key="ep6-s01:v1")])
+    finally:
+        await store.close()
+    assert (again.id, again.created) == (first.id, False)

@@ -535,3 +535,20 @@ def test_arrivals_keep_every_window_whatever_the_lag_between_grant_and_call(
     window, n = config.rate.window, config.rate.n
     for first in arrivals:
         assert sum(1 for other in arrivals if first <= other < first + window) <= n
+
+
+@pytest.mark.parametrize(
+    ("rate", "expected"),
+    [(Rate(30, per="6s"), Rate(30, per=6)), ("30/6s", Rate(30, per=6)), ("10/s", Rate(10, per=1))],
+)
+def test_gate_config_takes_a_rate_or_its_string_form(rate: Rate | str, expected: Rate) -> None:
+    config = GateConfig("provider:video", concurrency=2, rate=rate)
+    assert config.rate == expected
+    assert config.for_key("provider:video").rate == expected
+    assert replace(config, concurrency=3) == GateConfig("provider:video", 3, expected)
+
+
+@pytest.mark.parametrize("rate", [10, 2.5, "10", "10/6", "ten a second", True, (10, "1s")])
+def test_gate_config_refuses_another_rate_naming_rate_and_both_forms(rate: object) -> None:
+    with pytest.raises(ConfigError, match=r"gate provider:video: rate: .*Rate\(30.*\"30/6s\""):
+        GateConfig("provider:video", rate=rate)  # type: ignore[arg-type]

@@ -276,3 +276,104 @@ def test_rate_refuses_a_bad_window(per: object) -> None:
 def test_config_errors_are_value_errors() -> None:
     with pytest.raises(ValueError, match=r"rate\.n"):
         Rate(0)
+
+
+# -- the string form "N/DURATION"
+
+UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+@pytest.mark.parametrize(
+    ("text", "n", "window"),
+    [
+        ("30/6s", 30, 6.0),
+        ("30/1m", 30, 60.0),
+        ("5/500ms", 5, 0.5),
+        ("100/1h", 100, 3600.0),
+        ("10/s", 10, 1.0),  # a bare unit is one of it: ten per second
+        ("20/m", 20, 60.0),
+        ("3/1.5s", 3, 1.5),
+        (" 30 / 6s ", 30, 6.0),
+    ],
+)
+def test_a_rate_reads_its_string_form(text: str, n: int, window: float) -> None:
+    assert Rate.parse(text) == Rate(n, per=window)
+    assert rating.rate_of(text) == Rate(n, per=window)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "10",
+        "10/6",
+        "30/6 s/x",
+        "0/s",
+        "5/0s",
+        "5/0.0m",
+        "2.5/s",
+        "-3/s",
+        "+3/s",
+        "ten/s",
+        "10 per s",
+        "10/sec",
+        "10/1d",
+        "10/",
+        "/s",
+        "10//s",
+        "10/1e3s",
+        "",
+        "٣/s",
+        "10/s\n1",
+    ],
+)
+def test_a_rate_string_in_another_shape_is_refused_naming_both_forms(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"^rate: .*Rate\(30, per=\"6s\"\).*\"30/6s\""):
+        Rate.parse(text)
+
+
+@pytest.mark.parametrize("value", [10, 10.0, True, ("10", "s"), {"n": 10}, b"10/s", Rate])
+def test_a_rate_of_another_type_is_refused_naming_both_forms(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"^gate g: rate: expected a Rate.*\"30/6s\""):
+        rating.rate_of(value, field="gate g: rate")
+
+
+def test_a_rate_given_as_a_rate_or_none_is_kept() -> None:
+    rate = Rate(3, per="6s")
+    assert rating.rate_of(rate) is rate
+    assert rating.rate_of(None) is None
+
+
+@given(
+    st.integers(1, 10**9 - 1),
+    st.integers(1, 10**6).map(str)
+    | st.integers(1, 10**7).map(lambda k: f"{k // 1000}.{k % 1000:03d}"),
+    st.sampled_from(sorted(UNITS)),
+)
+@settings(max_examples=200, deadline=None)
+def test_every_count_and_window_with_a_unit_reads_as_that_rate(
+    n: int, amount: str, unit: str
+) -> None:
+    assert Rate.parse(f"{n}/{amount}{unit}") == Rate(n, per=f"{amount}{unit}")
+
+
+@given(st.text(max_size=20))
+@settings(max_examples=400, deadline=None)
+def test_any_text_is_a_rate_or_a_config_error_naming_rate(text: str) -> None:
+    result = parsed_or_refused(text)
+    if isinstance(result, ConfigError):
+        assert str(result).startswith("rate: ")
+    else:
+        assert result.n >= 1 and 0 < result.window < math.inf
+
+
+def parsed_or_refused(text: str) -> Rate | ConfigError:
+    try:
+        return Rate.parse(text)
+    except ConfigError as error:
+        return error
+
+
+@pytest.mark.parametrize("value", [None, [6], b"6s", 10**400, "9" * 400, math.inf])
+def test_a_duration_that_is_not_a_finite_number_is_refused_by_name(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"^worker\.lease: "):
+        seconds(value, field="worker.lease")  # type: ignore[arg-type]

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from headrace.policy import ConfigError, StoreError
+from headrace.policy import ConfigError, KeyConflict, StoreError
 from headrace.policy.errors import SchemaTooNew
 from headrace.store import sql
 from headrace.store.sqlite import QUERIES, SQLiteStore, connect, migrate, path_from_url
-from headrace.store.types import Settings
+from headrace.store.types import NewTask, Settings
 
 Schema = list[tuple[str, str, str, str]]
 
@@ -174,3 +174,25 @@ async def test_a_failed_open_leaves_nothing_running(tmp_path: Path) -> None:
         await store.open(Settings())
     with pytest.raises(StoreError, match="not open"):
         await store.counts()
+
+
+@pytest.mark.anyio
+async def test_a_key_stored_before_payload_digests_names_its_task_whatever_the_payload(
+    tmp_path: Path,
+) -> None:
+    """Migration 4 adds the digest column with no value for the tasks already stored: their keys
+    keep naming them, as they did before the digest existed."""
+    store = SQLiteStore(tmp_path / "older.db")
+    await store.open(Settings())
+    [first] = await store.submit([NewTask("render", "ep6-s01", key="ep6-s01:v1")])
+    with pytest.raises(KeyConflict):
+        await store.submit([NewTask("render", "ep6-s02", key="ep6-s01:v1")])
+    await store.close()
+    connection = sqlite3.connect(tmp_path / "older.db")
+    with connection:
+        connection.execute("UPDATE tasks SET payload_digest = NULL")
+    connection.close()
+    await store.open(Settings())
+    [again] = await store.submit([NewTask("render", "ep6-s02", key="ep6-s01:v1")])
+    await store.close()
+    assert (again.id, again.created) == (first.id, False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from headrace.policy.errors import ConfigError
@@ -17,12 +18,29 @@ def seconds(value: Duration, *, field: str = "duration") -> float:
     if isinstance(value, bool):
         raise ConfigError(f"{field}: expected a duration, got {value!r}")
     if isinstance(value, int | float):
-        result = float(value)
+        result = _as_float(value)
+    elif not isinstance(value, str):
+        raise ConfigError(f"{field}: expected a duration like 6, '6s' or '1m', got {value!r}")
     else:
         match = _PATTERN.match(value)
         if match is None:
             raise ConfigError(f"{field}: cannot read {value!r} as a duration (try '6s' or '1m')")
         result = float(match[1]) * _UNITS[match[2] or "s"]
-    if result < 0 or result != result:
-        raise ConfigError(f"{field}: a duration must be a non-negative number, got {value!r}")
+    if not 0 <= result < math.inf:
+        raise ConfigError(f"{field}: a duration must be a finite number >= 0, got {value!r}")
     return result
+
+
+def positive_seconds(value: Duration, *, field: str) -> float:
+    """A duration that must be longer than zero (a lease, a poll interval)."""
+    result = seconds(value, field=field)
+    if result <= 0:
+        raise ConfigError(f"{field}: expected a duration longer than zero, got {value!r}")
+    return result
+
+
+def _as_float(value: int | float) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond any float: refused below as not finite
+        return math.inf if value > 0 else -math.inf

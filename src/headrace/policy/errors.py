@@ -2,7 +2,8 @@
 
 HeadraceError
 ├── ConfigError            bad configuration or input at an edge (also a ValueError)
-│   └── UnknownGate        a task names a gate no spec matches
+│   ├── UnknownGate        a task names a gate no spec matches
+│   └── KeyConflict        an idempotency key already names a task with another payload
 ├── TaskFailure            raised by handlers and adapters: what went wrong with an attempt
 │   ├── RateLimited        retry later and penalise the gate (vendor said "slow down")
 │   ├── Transient          retry later (timeouts, 5xx, unknown vendor codes)
@@ -32,6 +33,22 @@ class UnknownGate(ConfigError):
     def __init__(self, gate: str) -> None:
         super().__init__(f"gates: no gate spec matches {gate!r}; declare it with app.gate()")
         self.gate = gate
+
+
+class KeyConflict(ConfigError):
+    """An idempotency key was submitted again with a different payload: the key names the task
+    first submitted with it (`task_id`, or an earlier task of the same batch when None), whose
+    `field` differs. A different task needs a different key."""
+
+    def __init__(self, key: str, field: str, task_id: int | None = None) -> None:
+        first = "an earlier task of this batch" if task_id is None else f"task {task_id}"
+        super().__init__(
+            f"task.key: {key!r} already names {first}, whose {field} differs from this "
+            "submission's; submit the same task again, or give a different task a new key"
+        )
+        self.key = key
+        self.field = field
+        self.task_id = task_id
 
 
 class ErrorClass(enum.Enum):

@@ -28,21 +28,35 @@ GUARD_SHARE = 0.02
 GUARD_MAX = 0.25
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class GateConfig:
     """What a gate admits. `name` may be a template like `session:*` (one gate per key).
 
+    `rate` is a `Rate` or its string form (`"30/6s"`, see `policy/rate.py`), kept as a `Rate`.
     `guard` lengthens how long each start counts, to absorb the time between our stamp of a
     call and its arrival where the vendor counts it; None is the default (`default_guard`).
     """
 
     name: str
-    concurrency: int | None = None
-    rate: Rate | None = None
-    guard: float | None = None
+    concurrency: int | None
+    rate: Rate | None
+    guard: float | None
 
-    def __post_init__(self) -> None:
-        if not self.name or any(ch.isspace() for ch in self.name):
+    def __init__(
+        self,
+        name: str,
+        concurrency: int | None = None,
+        rate: Rate | str | None = None,
+        guard: float | None = None,
+    ) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "concurrency", concurrency)
+        object.__setattr__(self, "guard", guard)
+        self._check()
+        object.__setattr__(self, "rate", rating.rate_of(rate, field=f"gate {name}: rate"))
+
+    def _check(self) -> None:
+        if not isinstance(self.name, str) or not self.name or any(ch.isspace() for ch in self.name):
             raise ConfigError(f"gate.name: expected a name without spaces, got {self.name!r}")
         if "*" in self.name and not self.name.endswith(TEMPLATE_SUFFIX):
             raise ConfigError(f"gate.name: a template ends in ':*', got {self.name!r}")

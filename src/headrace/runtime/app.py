@@ -22,7 +22,7 @@ from headrace.policy.tiers import Tier
 from headrace.runtime.context import Context
 from headrace.runtime.results import Pending, RemoteWait, Result
 from headrace.store.base import Store
-from headrace.store.types import NewTask, Settings, Sibling, Submitted
+from headrace.store.types import NewTask, Settings, Sibling, Submitted, check_text
 from headrace.store.urls import open_store
 
 HandlerResult = Result | RemoteWait | None
@@ -42,6 +42,12 @@ class TaskOptions:
     bound: int | None = None
     on_full: OnFull = "wait"
     cost: float = 1.0
+
+
+def _check_gate_list(gates: Sequence[str]) -> None:
+    """A list of gate names, not one name (a string would be read as its letters)."""
+    if isinstance(gates, str):
+        raise ConfigError(f"task.gates: expected a list of gate names, got the string {gates!r}")
 
 
 class TaskDefinition:
@@ -76,7 +82,11 @@ class TaskDefinition:
         weight: float = 1.0,
         gates: Sequence[str] = (),
     ) -> NewTask:
-        """The task this stage would create; `{flow}` and `{group}` in gate names are filled in."""
+        """The task this stage would create; `{flow}` and `{group}` in gate names are filled in.
+        Bad fields raise ConfigError naming them (see `NewTask`)."""
+        check_text("group", group, optional=True)  # before flow defaults to it
+        check_text("flow", flow, optional=True)
+        _check_gate_list(gates)
         flow = flow or group or self.name
         fields = {"flow": flow, "group": group or "", "ref": ref}
         names = [self._gate_name(name, fields) for name in (*self.options.gates, *gates)]
@@ -91,7 +101,7 @@ class TaskDefinition:
             key=key,
             after=tuple(after),
             max_attempts=self.options.retry.max_attempts,
-            delay=seconds(delay, field="delay"),
+            delay=seconds(delay, field="task.delay"),
             weight=weight,
         )
 
@@ -110,7 +120,8 @@ class TaskDefinition:
 
     async def submit(self, ref: str, **fields: object) -> int:
         """Enqueue one task and return its id. With a waiting bound, wait for room (or raise
-        QueueFull when the stage refuses); an existing `key` returns the existing task's id."""
+        QueueFull when the stage refuses). A known `key` returns its task's id when the payload
+        is the same, and raises KeyConflict when it is not."""
         spec = self.spec(ref, **fields)  # type: ignore[arg-type]
         [submitted] = await self.app.submit([spec])
         return submitted
@@ -147,11 +158,12 @@ class App:
         name: str,
         *,
         concurrency: int | None = None,
-        rate: Rate | None = None,
+        rate: Rate | str | None = None,
         guard: Duration | None = None,
     ) -> GateConfig:
         """Declare a gate: a concurrency cap, a rate, or both. `session:*` makes one per key.
-        `guard` (default: `policy.gate.default_guard`) lengthens how long each start counts."""
+        `rate` is a `Rate` or its string form `"N/DURATION"` (`"30/6s"`, `"10/s"`); `guard`
+        (default: `policy.gate.default_guard`) lengthens how long each start counts."""
         if self._opened is not None:
             raise ConfigError(f"gate {name}: declare gates before the app is opened")
         counted = None if guard is None else seconds(guard, field="gate.guard")
@@ -196,6 +208,7 @@ class App:
     ) -> TaskDefinition | Callable[[Handler], TaskDefinition]:
         """Declare a stage: `@app.task` or `@app.task(gates=[...], ...)`. `bound` caps its
         pending+ready tasks for producers; `poll` checks its remote jobs."""
+        _check_gate_list(gates)
         policy = retry or RetryPolicy()
         if max_attempts is not None:
             policy = replace(policy, max_attempts=max_attempts)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from headrace.policy.durations import Duration, seconds
+from headrace.policy.durations import Duration, positive_seconds, seconds
 from headrace.policy.errors import (
     ConfigError,
     ErrorClass,
@@ -33,6 +33,7 @@ from headrace.policy.errors import (
     TaskFailure,
     Transient,
 )
+from headrace.policy.leases import lease_timing
 from headrace.policy.redact import redact
 from headrace.policy.retry import Action
 from headrace.runtime.app import App, TaskDefinition
@@ -80,7 +81,8 @@ class WorkerStats:
 
 
 class Worker:
-    """`slots` handlers at once; `poll_slots` remote-job checks at once."""
+    """`slots` handlers at once; `poll_slots` remote-job checks at once. Leases last `lease` and
+    are renewed every `renew` (default: a third of the lease), which must be shorter."""
 
     def __init__(
         self,
@@ -90,6 +92,7 @@ class Worker:
         poll_slots: int | None = None,
         name: str | None = None,
         lease: Duration = "30s",
+        renew: Duration | None = None,
         idle: Duration = "0.5s",
         grace: Duration = "30s",
         seed: int | None = None,
@@ -100,8 +103,8 @@ class Worker:
         self.slots = slots
         self.poll_slots = poll_slots or slots
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        self.lease_for = seconds(lease, field="worker.lease")
-        self.idle = seconds(idle, field="worker.idle")
+        self.lease_for, self.renew_every = lease_timing(lease, renew)
+        self.idle = positive_seconds(idle, field="worker.idle")
         self.grace = seconds(grace, field="worker.grace")
         self.rng = random.Random(seed)
         self.stats = WorkerStats()
@@ -453,7 +456,7 @@ class Worker:
 
     async def _renew_forever(self) -> None:
         while True:
-            await asyncio.sleep(self.lease_for / 3)
+            await asyncio.sleep(self.renew_every)
             leases = list(self._leases.values())
             if not leases:
                 continue

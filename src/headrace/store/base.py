@@ -45,8 +45,10 @@ class Store(Protocol):
     async def submit(
         self, tasks: Sequence[NewTask], *, bounds: Mapping[str, int] | None = None
     ) -> list[Submitted]:
-        """Create tasks (all or none). A known `key` returns the existing task. With `bounds`,
-        raise QueueFull when a kind would have more than its bound of tasks pending or ready."""
+        """Create tasks (all or none). A known `key` returns the existing task when the payload
+        is the same (store/idempotency.py), and refuses the batch with KeyConflict when it is
+        not. With `bounds`, raise QueueFull when a kind would have more than its bound of tasks
+        pending or ready."""
         ...
 
     async def claim(

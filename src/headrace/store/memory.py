@@ -28,6 +28,7 @@ from headrace.policy.errors import (
 from headrace.policy.gate import GateConfig, GateState, GateStatistics
 from headrace.policy.poison import Expiry
 from headrace.policy.tiers import AGING_CEILING, aged_tier
+from headrace.store import idempotency
 from headrace.store.dispatch import GateBook, earliest, fits_claim, gate_key
 from headrace.store.types import (
     ACTIVE,
@@ -66,6 +67,7 @@ class MemoryStore:
         self._tasks: dict[int, TaskRecord] = {}
         self._ids = itertools.count(1)
         self._keys: dict[str, int] = {}
+        self._digests: dict[str, str] = {}  # by key: the payload digest of the task it names
         self._dependents: dict[int, set[int]] = defaultdict(set)
         self._deps: dict[int, set[int]] = defaultdict(set)
         self._unmet: dict[int, int] = {}
@@ -111,6 +113,8 @@ class MemoryStore:
         return self._create(tasks, now)
 
     def _check_batch(self, tasks: Sequence[NewTask], bounds: Mapping[str, int]) -> None:
+        """Refuse the batch whole (before anything changes) for an unknown gate or task, a later
+        sibling, a key submitted with another payload, or a full bound."""
         for index, task in enumerate(tasks):
             for name in task.gates:
                 gating.resolve(name, self._configs)
@@ -120,21 +124,29 @@ class MemoryStore:
                         raise ConfigError(f"task.after: sibling {dep.index} is not earlier")
                 elif dep not in self._tasks:
                     raise UnknownTask(dep)
+        planned = self._plan(tasks)
         waiting = {TaskState.PENDING, TaskState.READY}
         for kind, bound in bounds.items():
-            new = sum(1 for t in tasks if t.kind == kind and t.key not in self._keys)
+            new = idempotency.created_of_kind(tasks, planned, kind)
             if not new:
                 continue
             queued = sum(1 for t in self._tasks.values() if t.kind == kind and t.state in waiting)
             if queued + new > bound:
                 raise QueueFull(kind, bound)
 
+    def _plan(self, tasks: Sequence[NewTask]) -> list[idempotency.Planned]:
+        known = {
+            task.key: idempotency.KnownKey(self._keys[task.key], self._digests.get(task.key))
+            for task in tasks
+            if task.key is not None and task.key in self._keys
+        }
+        return idempotency.plan(tasks, known)
+
     def _create(self, tasks: Sequence[NewTask], now: float) -> list[Submitted]:
         results: list[Submitted] = []
-        for task in tasks:
-            existing = self._keys.get(task.key) if task.key else None
-            if existing is not None:
-                results.append(Submitted(existing, created=False))
+        for task, step in zip(tasks, self._plan(tasks), strict=True):
+            if step is not None:
+                results.append(idempotency.reused(step, results))
                 continue
             after = [results[d.index].id if isinstance(d, Sibling) else d for d in task.after]
             results.append(Submitted(self._insert(task, after, now), created=True))
@@ -171,6 +183,7 @@ class MemoryStore:
         self._put(record)
         if task.key:
             self._keys[task.key] = task_id
+            self._digests[task.key] = idempotency.payload_digest(task, after)
         for dep in unmet:
             self._dependents[dep].add(task_id)
             self._deps[task_id].add(dep)

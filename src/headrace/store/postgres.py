@@ -80,7 +80,7 @@ from headrace.policy.errors import (
 from headrace.policy.gate import GateConfig, GateState, GateStatistics
 from headrace.policy.poison import Expiry
 from headrace.policy.tiers import AGING_CEILING, Tier, aged_tier
-from headrace.store import sql
+from headrace.store import idempotency, sql
 from headrace.store.dispatch import GateBook, earliest, fits_claim, gate_key
 from headrace.store.types import (
     LEASE_EXPIRED,
@@ -805,6 +805,7 @@ class _Planned:
     task: NewTask
     unmet: list[int]
     failed: bool  # a dependency is already dead or cancelled
+    payload_digest: str | None  # kept with a keyed task (store/idempotency.py)
     tag: float = 0.0
 
 
@@ -909,9 +910,9 @@ class _Transaction:
         if not tasks or any(task.kind in bounds for task in tasks):
             await self.read_clock()
             states = await self.check_batch(tasks)
-            existing = await self.ids_for_keys(tasks)
-            await self.check_bounds(tasks, bounds, existing)
-            return await self.create(tasks, states, existing)
+            planned = idempotency.plan(tasks, await self.known_keys(tasks))
+            await self.check_bounds(tasks, planned, bounds)
+            return await self.create(tasks, states, planned)
         return await self.submit_unbounded(tasks)
 
     async def submit_unbounded(self, tasks: Sequence[NewTask]) -> list[Submitted]:
@@ -932,8 +933,9 @@ class _Transaction:
         for dep in named:
             if dep not in states:
                 raise UnknownTask(dep)
-        rows = await keyed.fetchall() if keyed is not None else []
-        existing = {row["key"]: int(row["id"]) for row in rows}
+        planned = idempotency.plan(
+            tasks, _known(await keyed.fetchall() if keyed is not None else [])
+        )
         found = await start.fetchone()
         if found is None:
             raise StoreError("postgres store: submit_start returned no row")
@@ -941,7 +943,7 @@ class _Transaction:
         self._virtual_time = float(found["virtual_time"])
         finish = dict(zip(found["flows"], map(float, found["finish_tags"]), strict=True))
         ids = [int(drawn) for drawn in found["ids"]]
-        return await self.create(tasks, states, existing, ids=ids, finish=finish)
+        return await self.create(tasks, states, planned, ids=ids, finish=finish)
 
     async def check_batch(self, tasks: Sequence[NewTask]) -> dict[int, TaskState]:
         """Refuse a batch naming an unknown gate or task; hold the tasks it depends on still
@@ -972,21 +974,21 @@ class _Transaction:
         found = await self.rows("share_tasks", ids=wanted)
         return {int(row["id"]): TaskState(row["state"]) for row in found}
 
-    async def ids_for_keys(self, tasks: Sequence[NewTask]) -> dict[str, int]:
+    async def known_keys(self, tasks: Sequence[NewTask]) -> dict[str, idempotency.KnownKey]:
+        """The tasks the batch's keys name already, with their payload digests."""
         keys = sorted({task.key for task in tasks if task.key is not None})
         if not keys:
             return {}
-        return {
-            row["key"]: int(row["id"]) for row in await self.rows("task_ids_by_keys", keys=keys)
-        }
+        return _known(await self.rows("task_ids_by_keys", keys=keys))
 
     async def check_bounds(
-        self, tasks: Sequence[NewTask], bounds: Mapping[str, int], existing: Mapping[str, int]
+        self,
+        tasks: Sequence[NewTask],
+        planned: Sequence[idempotency.Planned],
+        bounds: Mapping[str, int],
     ) -> None:
         for kind in sorted(bounds):
-            new = sum(
-                1 for t in tasks if t.kind == kind and (t.key is None or t.key not in existing)
-            )
+            new = idempotency.created_of_kind(tasks, planned, kind)
             if not new:
                 continue
             # One submitter at a time counts a bounded kind, so two cannot both squeeze in.
@@ -999,28 +1001,26 @@ class _Transaction:
         self,
         tasks: Sequence[NewTask],
         states: dict[int, TaskState],
-        existing: Mapping[str, int],
+        planned: Sequence[idempotency.Planned],
         *,
         ids: Sequence[int] | None = None,
         finish: dict[str, float] | None = None,
     ) -> list[Submitted]:
-        """Create the batch's new tasks (a known key names its task instead) in one statement.
-        `ids` drawn already (at least one per new task); `finish`: the flows locked already."""
+        """Create the batch's new tasks (`planned` None; the others name a task already) in one
+        statement. `ids` drawn already (at least one per new task); `finish`: the flows locked
+        already."""
         if not tasks:
             return []
-        fresh = _first_of_each_key(tasks, existing)
+        fresh = {index for index, step in enumerate(planned) if step is None}
         if ids is None:
             ids = [int(row["id"]) for row in await self.rows("next_task_ids", n=len(fresh))]
         fresh_ids = iter(ids)
-        keyed = dict(existing)
         results: list[Submitted] = []
-        for index, task in enumerate(tasks):
-            if index not in fresh:
-                results.append(Submitted(keyed[task.key or ""], created=False))
-                continue
-            results.append(Submitted(next(fresh_ids), created=True))
-            if task.key is not None:
-                keyed[task.key] = results[-1].id
+        for step in planned:
+            if step is None:
+                results.append(Submitted(next(fresh_ids), created=True))
+            else:
+                results.append(idempotency.reused(step, results))
         if fresh:
             await self.insert(tasks, results, states, fresh, finish)
         return results
@@ -1039,7 +1039,7 @@ class _Transaction:
         states.update(await self.dependency_states(others))
         planned = [_plan(results[i].id, tasks[i], afters[i], states) for i in sorted(fresh)]
         await self.tag(planned, finish)
-        # Not read before the commit: a key another writer took since `ids_for_keys` fails the
+        # Not read before the commit: a key another writer took since `known_keys` fails the
         # transaction, and the next try finds that writer's task.
         await self.run(
             "insert_tasks",
@@ -1529,7 +1529,7 @@ class _Transaction:
     async def succeed(self, task: TaskRecord, outcome: Succeeded) -> None:
         # Successors are checked like a submitted batch: a bad one fails the whole completion.
         states = await self.check_batch(outcome.successors)
-        existing = await self.ids_for_keys(outcome.successors)
+        planned = idempotency.plan(outcome.successors, await self.known_keys(outcome.successors))
         await self.lock_gates_for(task, ())
         await self.release(task.id, delete=False)
         await self.run("succeed_task", id=task.id, number=task.attempt)
@@ -1537,7 +1537,7 @@ class _Transaction:
         entry = (task.group or "", task.kind)
         self._ledger[entry] = self._ledger.get(entry, 0.0) + units
         states[task.id] = TaskState.SUCCEEDED  # successors that wait on it have nothing to wait for
-        await self.create(outcome.successors, states, existing)
+        await self.create(outcome.successors, states, planned)
         self.wake = True
 
     async def retry(self, task: TaskRecord, outcome: Retry) -> None:
@@ -1775,19 +1775,6 @@ def _split_last_round(
     return candidates[:cut], candidates[cut:]
 
 
-def _first_of_each_key(tasks: Sequence[NewTask], existing: Mapping[str, int]) -> set[int]:
-    """Indexes of the tasks to create: those without a key, or the first with a new key."""
-    seen: set[str] = set(existing)
-    fresh: set[int] = set()
-    for index, task in enumerate(tasks):
-        if task.key is None:
-            fresh.add(index)
-        elif task.key not in seen:
-            seen.add(task.key)
-            fresh.add(index)
-    return fresh
-
-
 def _resolved(task: NewTask, results: Sequence[Submitted]) -> list[int]:
     return [results[d.index].id if isinstance(d, Sibling) else d for d in task.after]
 
@@ -1797,7 +1784,12 @@ def _plan(
 ) -> _Planned:
     unmet = sorted({dep for dep in after if states.get(dep) is not TaskState.SUCCEEDED})
     failed = any(states.get(dep) in (TaskState.DEAD, TaskState.CANCELLED) for dep in unmet)
-    return _Planned(task_id, task, unmet, failed)
+    return _Planned(task_id, task, unmet, failed, idempotency.stored_digest(task, after))
+
+
+def _known(rows: Iterable[DictRow]) -> dict[str, idempotency.KnownKey]:
+    """`task_ids_by_keys` rows by key."""
+    return {row["key"]: idempotency.KnownKey(int(row["id"]), row["payload_digest"]) for row in rows}
 
 
 def _plain(batch: Sequence[NewTask], bounds: Mapping[str, int]) -> bool:
@@ -1856,6 +1848,7 @@ def _insert_params(planned: Sequence[_Planned], now: float) -> Jsonb:
                 **_task_row(p.task),
                 "id": p.id,
                 "key": p.task.key,
+                "payload_digest": p.payload_digest,
                 "state": (TaskState.PENDING if p.unmet else TaskState.READY).value,
                 "tag": p.tag,
                 "run_at": now + p.task.delay,

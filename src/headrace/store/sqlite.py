@@ -41,7 +41,7 @@ from headrace.policy.errors import (
 from headrace.policy.gate import GateConfig, GateState, GateStatistics
 from headrace.policy.poison import Expiry
 from headrace.policy.tiers import AGING_CEILING, Tier, aged_tier
-from headrace.store import sql
+from headrace.store import idempotency, sql
 from headrace.store.dispatch import GateBook, earliest, fits_claim, gate_key
 from headrace.store.types import (
     LEASE_EXPIRED,
@@ -436,8 +436,9 @@ class _Transaction:
 
     def submit(self, tasks: Sequence[NewTask], bounds: Mapping[str, int]) -> list[Submitted]:
         self.check_batch(tasks)
-        self.check_bounds(tasks, bounds)
-        return self.create(tasks)
+        planned = self.plan(tasks)
+        self.check_bounds(tasks, planned, bounds)
+        return self.create(tasks, planned)
 
     def check_batch(self, tasks: Sequence[NewTask]) -> None:
         for index, task in enumerate(tasks):
@@ -450,37 +451,56 @@ class _Transaction:
                 elif self.row("task_by_id", id=dep) is None:
                     raise UnknownTask(dep)
 
-    def check_bounds(self, tasks: Sequence[NewTask], bounds: Mapping[str, int]) -> None:
+    def check_bounds(
+        self,
+        tasks: Sequence[NewTask],
+        planned: Sequence[idempotency.Planned],
+        bounds: Mapping[str, int],
+    ) -> None:
         for kind, bound in bounds.items():
-            new = sum(1 for t in tasks if t.kind == kind and self.id_for_key(t.key) is None)
+            new = idempotency.created_of_kind(tasks, planned, kind)
             if not new:
                 continue
             queued = int(self.one("count_queued", kind=kind)["n"])
             if queued + new > bound:
                 raise QueueFull(kind, bound)
 
-    def create(self, tasks: Sequence[NewTask]) -> list[Submitted]:
+    def plan(self, tasks: Sequence[NewTask]) -> list[idempotency.Planned]:
+        """What the batch's keys name already; KeyConflict for a key with another payload."""
+        known = {}
+        for key in sorted({task.key for task in tasks if task.key is not None}):
+            found = self.known_key(key)
+            if found is not None:
+                known[key] = found
+        return idempotency.plan(tasks, known)
+
+    def create(
+        self, tasks: Sequence[NewTask], planned: Sequence[idempotency.Planned]
+    ) -> list[Submitted]:
         results: list[Submitted] = []
-        for task in tasks:
-            existing = self.id_for_key(task.key)
-            if existing is not None:
-                results.append(Submitted(existing, created=False))
+        for task, step in zip(tasks, planned, strict=True):
+            if step is not None:
+                results.append(idempotency.reused(step, results))
                 continue
             after = [results[d.index].id if isinstance(d, Sibling) else d for d in task.after]
             results.append(self.insert(task, after))
         return results
 
-    def id_for_key(self, key: str | None) -> int | None:
-        found = self.row("task_id_by_key", key=key) if key else None
-        return None if found is None else int(found["id"])
+    def known_key(self, key: str) -> idempotency.KnownKey | None:
+        found = self.row("task_id_by_key", key=key)
+        if found is None:
+            return None
+        return idempotency.KnownKey(int(found["id"]), found["payload_digest"])
 
     def insert(self, task: NewTask, after: Sequence[int]) -> Submitted:
         states = {dep: self.task(dep).state for dep in after}
         unmet = sorted(dep for dep, state in states.items() if state is not TaskState.SUCCEEDED)
         tagged = fairness.tag(self.virtual_time(), self.flow_finish(task.flow), task.weight)
-        inserted = self.row("insert_task", **_task_params(task, tagged.start, unmet, self.now))
+        digest = idempotency.stored_digest(task, after)
+        params = _task_params(task, tagged.start, unmet, self.now)
+        inserted = self.row("insert_task", **params, payload_digest=digest)
         if inserted is None:
-            return self.key_taken(task)
+            return self.key_taken(task, digest)
         task_id = int(inserted["id"])
         self.run("save_flow_finish", flow=task.flow, finish=tagged.flow_finish)
         self.run_many("insert_dependency", ({"dep_id": d, "task_id": task_id} for d in unmet))
@@ -488,12 +508,14 @@ class _Transaction:
             self.cancel_tree(task_id, UPSTREAM_FAILED)
         return Submitted(task_id, created=True)
 
-    def key_taken(self, task: NewTask) -> Submitted:
-        """Another writer created a task with this key first: the key names that task."""
-        existing = self.id_for_key(task.key)
-        if existing is None:
+    def key_taken(self, task: NewTask, digest: str | None) -> Submitted:
+        """Another writer created a task with this key first: the key names that task, if it
+        was submitted with the same payload."""
+        found = self.known_key(task.key or "")
+        if found is None or digest is None:
             raise StoreError(f"sqlite store: key {task.key!r} conflicted but names no task")
-        return Submitted(existing, created=False)
+        idempotency.check(task.key or "", found.digest, digest, found.task_id)
+        return Submitted(found.task_id, created=False)
 
     def virtual_time(self) -> float:
         if self._virtual_time is None:
@@ -706,12 +728,13 @@ class _Transaction:
     def succeed(self, task: TaskRecord, outcome: Succeeded) -> None:
         # Successors are checked like a submitted batch: a bad one fails the whole completion.
         self.check_batch(outcome.successors)
+        planned = self.plan(outcome.successors)
         self.end_attempt(task, AttemptOutcome.SUCCEEDED, None)
         self.release(task.id)
         self.run("mark_succeeded", id=task.id)
         units = outcome.cost if outcome.cost is not None else task.cost
         self.run("add_to_ledger", grp=task.group or "", kind=task.kind, units=units)
-        self.create(outcome.successors)
+        self.create(outcome.successors, planned)
         self.run("unblock_dependents", dep_id=task.id)
 
     def retry(self, task: TaskRecord, outcome: Retry) -> None:
@@ -839,8 +862,8 @@ class _Transaction:
         return _record(found)
 
     def find(self, key: str) -> TaskRecord | None:
-        task_id = self.id_for_key(key)
-        return None if task_id is None else self.task(task_id)
+        found = self.known_key(key)
+        return None if found is None else self.task(found.task_id)
 
     def tasks(
         self, group: str | None, state: TaskState | None, kind: str | None, limit: int

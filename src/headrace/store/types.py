@@ -8,9 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from headrace.policy.errors import ConfigError, ErrorClass
-from headrace.policy.fairness import check_weight
 from headrace.policy.gate import GateConfig
-from headrace.policy.redact import redact
+from headrace.policy.redact import credential_in, redact
 from headrace.policy.tiers import Tier
 
 
@@ -45,9 +44,20 @@ class Sibling:
     index: int
 
 
+MAX_DELAY = 366 * 24 * 3600.0  # a task's first run is at most a year (and a day) away
+MAX_REF = 512
+
+
 @dataclass(frozen=True)
 class NewTask:
-    """A task to create. `ref` is a stable record id: never bytes, credentials or signed URLs."""
+    """A task to create. `ref` is a stable record id: never bytes, credentials or signed URLs.
+
+    Every field is checked here, so bad input is refused with its field named before a store
+    sees it: `kind`, `ref` and `flow` are non-empty strings (`ref` at most 512 characters),
+    `group` and `key` a non-empty string or None, `gates` distinct non-empty names, `after` task
+    ids or `Sibling`s, `max_attempts` a whole number >= 1, `cost` a finite number >= 0, `delay`
+    seconds from 0 to `MAX_DELAY`, `weight` a finite number > 0.
+    """
 
     kind: str
     ref: str
@@ -64,23 +74,32 @@ class NewTask:
 
     def __post_init__(self) -> None:
         for name in ("kind", "ref", "flow"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value:
-                raise ConfigError(f"task.{name}: expected a non-empty string, got {value!r}")
-        if self.key is not None and (not isinstance(self.key, str) or not self.key):
-            raise ConfigError(f"task.key: expected a non-empty string or None, got {self.key!r}")
-        if len(set(self.gates)) != len(self.gates):
-            twice = sorted({g for g in self.gates if self.gates.count(g) > 1})
-            raise ConfigError(f"task.gates: {', '.join(twice)} named more than once")
-        if len(self.ref) > 512:
-            raise ConfigError("task.ref: a stable record id, at most 512 characters")
-        if isinstance(self.max_attempts, bool) or self.max_attempts < 1:
+            check_text(name, getattr(self, name))
+        for name in ("group", "key"):
+            check_text(name, getattr(self, name), optional=True)
+        if len(self.ref) > MAX_REF:
+            raise ConfigError(f"task.ref: a stable record id, at most {MAX_REF} characters")
+        found = credential_in(self.ref)
+        if found is not None:
+            raise ConfigError(
+                f"task.ref: carries a credential ({found}); pass a stable record id (an upload's "
+                "or asset's id) and let the handler fetch what it needs, never a signed URL, a "
+                "token or a password"
+            )
+        _check_gates(self.gates)
+        _check_after(self.after)
+        if not _whole(self.max_attempts) or self.max_attempts < 1:
             raise ConfigError(f"task.max_attempts: expected >= 1, got {self.max_attempts!r}")
         _check_amount("cost", self.cost)
         _check_amount("delay", self.delay)
+        if self.delay > MAX_DELAY:
+            raise ConfigError(
+                f"task.delay: at most {MAX_DELAY:.0f} seconds (a year and a day), "
+                f"got {self.delay!r}"
+            )
         if not isinstance(self.tier, Tier):
             raise ConfigError(f"task.tier: expected a Tier, got {self.tier!r}")
-        check_weight(self.weight)
+        _check_amount("weight", self.weight, above_zero=True)
 
     @property
     def gate_key(self) -> str:
@@ -88,11 +107,57 @@ class NewTask:
         return " ".join(sorted(self.gates))
 
 
-def _check_amount(name: str, value: object) -> None:
+def check_text(name: str, value: object, *, optional: bool = False) -> None:
+    """`task.<name>` is a non-empty string (or None when `optional`)."""
+    if optional and value is None:
+        return
+    if not isinstance(value, str) or not value:
+        expected = "a non-empty string or None" if optional else "a non-empty string"
+        raise ConfigError(f"task.{name}: expected {expected}, got {value!r}")
+
+
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond any float
+        return False
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_gates(gates: object) -> None:
+    if not isinstance(gates, tuple):
+        raise ConfigError(f"task.gates: expected a tuple of gate names, got {gates!r}")
+    for gate in gates:
+        if not isinstance(gate, str) or not gate:
+            raise ConfigError(f"task.gates: expected non-empty gate names, got {gate!r}")
+    if len(set(gates)) != len(gates):
+        twice = sorted({g for g in gates if gates.count(g) > 1})
+        raise ConfigError(f"task.gates: {', '.join(twice)} named more than once")
+
+
+def _check_after(after: object) -> None:
+    if not isinstance(after, tuple):
+        raise ConfigError(f"task.after: expected a tuple of task ids or Siblings, got {after!r}")
+    for dep in after:
+        if not _is_dependency(dep):
+            raise ConfigError(f"task.after: expected task ids or Siblings, got {dep!r}")
+
+
+def _is_dependency(dep: object) -> bool:
+    if isinstance(dep, Sibling):
+        return _whole(dep.index) and dep.index >= 0
+    return isinstance(dep, int) and not isinstance(dep, bool) and dep >= 1
+
+
+def _check_amount(name: str, value: object, *, above_zero: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"task.{name}: expected a number, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise ConfigError(f"task.{name}: expected a finite number >= 0, got {value!r}")
+    if not _finite(value) or value < 0 or (above_zero and value == 0):
+        least = "> 0" if above_zero else ">= 0"
+        raise ConfigError(f"task.{name}: expected a finite number {least}, got {value!r}")
 
 
 @dataclass(frozen=True)

@@ -77,8 +77,8 @@ FOR UPDATE;
 SELECT id, state FROM tasks WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR SHARE;
 
 -- name: task_ids_by_keys
--- The tasks idempotency keys name.
-SELECT id, key FROM tasks WHERE key = ANY(%(keys)s::text[]);
+-- The tasks idempotency keys name, with the digests of the payloads they were submitted with.
+SELECT id, key, payload_digest FROM tasks WHERE key = ANY(%(keys)s::text[]);
 
 -- name: count_queued
 -- Tasks of a kind still waiting to run (pending or ready): what a stage's bound limits.
@@ -98,15 +98,17 @@ WITH finished AS (
 )
 INSERT INTO tasks (
     id, kind, ref, gates, gate_key, flow, grp, tier, submitted_tier, cost, key, state,
-    max_attempts, tag, created_at, run_at, ready_since, unmet
+    max_attempts, tag, created_at, run_at, ready_since, unmet, payload_digest
 )
 SELECT
     t.id, t.kind, t.ref, t.gates, t.gate_key, t.flow, t.grp, t.tier, t.tier, t.cost, t.key,
-    t.state, t.max_attempts, t.tag, %(now)s::double precision, t.run_at, t.ready_since, t.unmet
+    t.state, t.max_attempts, t.tag, %(now)s::double precision, t.run_at, t.ready_since, t.unmet,
+    t.payload_digest
 FROM jsonb_to_recordset(%(tasks)s::jsonb) AS t (
     id bigint, kind text, ref text, gates text[], gate_key text, flow text, grp text,
     tier smallint, cost double precision, key text, state text, max_attempts integer,
-    tag double precision, run_at double precision, ready_since double precision, unmet integer
+    tag double precision, run_at double precision, ready_since double precision, unmet integer,
+    payload_digest text
 )
 ORDER BY t.key COLLATE "C", t.id;  -- keys taken in one order by every writer: no deadlock
 

@@ -41,7 +41,8 @@ CREATE TABLE tasks (
     expiries        integer          NOT NULL DEFAULT 0,
     unmet           integer          NOT NULL DEFAULT 0,  -- dependencies not yet succeeded
     attempt_base    integer          NOT NULL DEFAULT 0,  -- not counted against max_attempts
-    solo            boolean          NOT NULL DEFAULT false  -- lost a lease beside others
+    solo            boolean          NOT NULL DEFAULT false,  -- lost a lease beside others
+    payload_digest  text  -- a keyed task's payload digest (store/idempotency.py), else NULL
 );
 
 CREATE UNIQUE INDEX tasks_key ON tasks (key) WHERE key IS NOT NULL;

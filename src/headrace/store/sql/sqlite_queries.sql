@@ -46,8 +46,8 @@ PRAGMA user_version = {version:d};
 SELECT * FROM tasks WHERE id = :id;
 
 -- name: task_id_by_key
--- The task an idempotency key names.
-SELECT id FROM tasks WHERE key = :key AND key <> '';
+-- The task an idempotency key names, and the digest of the payload it was submitted with.
+SELECT id, payload_digest FROM tasks WHERE key = :key AND key <> '';
 
 -- name: count_queued
 -- Tasks of a kind still waiting to run (pending or ready): what a stage's bound limits.
@@ -57,10 +57,10 @@ SELECT count(*) AS n FROM tasks WHERE kind = :kind AND state IN ('pending', 'rea
 -- Create a task; nothing when another writer took its idempotency key first.
 INSERT INTO tasks (
     kind, ref, gates, gate_key, flow, grp, tier, submitted_tier, cost, key, state,
-    max_attempts, tag, created_at, run_at, ready_since, unmet
+    max_attempts, tag, created_at, run_at, ready_since, unmet, payload_digest
 ) VALUES (
     :kind, :ref, :gates, :gate_key, :flow, :grp, :tier, :tier, :cost, :key, :state,
-    :max_attempts, :tag, :now, :run_at, :ready_since, :unmet
+    :max_attempts, :tag, :now, :run_at, :ready_since, :unmet, :payload_digest
 )
 ON CONFLICT (key) WHERE key <> '' DO NOTHING
 RETURNING id;

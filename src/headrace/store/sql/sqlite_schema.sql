@@ -34,7 +34,8 @@ CREATE TABLE tasks (
     expiries        INTEGER NOT NULL DEFAULT 0,
     unmet           INTEGER NOT NULL DEFAULT 0,  -- dependencies not yet succeeded
     attempt_base    INTEGER NOT NULL DEFAULT 0,  -- attempts not counted against max_attempts
-    solo INTEGER NOT NULL DEFAULT 0  -- lost a lease beside others: runs alone until it ends
+    solo INTEGER NOT NULL DEFAULT 0,  -- lost a lease beside others: runs alone until it ends
+    payload_digest  TEXT  -- a keyed task's payload digest (store/idempotency.py), else NULL
 );
 
 CREATE UNIQUE INDEX tasks_key ON tasks (key) WHERE key <> '';
