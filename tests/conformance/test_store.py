@@ -670,6 +670,39 @@ async def test_a_remote_wait_holds_the_ticket_not_the_lease(
     assert attempt.outcome is AttemptOutcome.SUCCEEDED and attempt.ended_at == clock.now()
 
 
+async def test_a_remote_job_known_to_have_failed_is_counted_and_an_unknown_one_is_not(
+    store: Store, clock: ManualClock
+) -> None:
+    """`remote_jobs` counts jobs that ended without success (the next one is a new job, with a
+    new idempotency key); a failed attempt that never got a job through counts nothing, and a
+    check that failed leaves its reason on the waiting task."""
+    [sub] = await store.submit([task("clip", max_attempts=5)])
+    [lease] = await claim(store)
+    await store.finish(lease, Retry(boom(), delay=0.0))  # the submission itself failed
+    [lease] = await claim(store)
+    await store.finish(lease, AwaitRemote("job-1", poll_every=1.0))
+    clock.advance(1.0)
+    [poll] = (await store.claim_polls("w1", 1, lease_for=LEASE)).leases
+    await store.finish(poll, PollAgain(5.0, code="http_503"))
+    record = await store.get(sub.id)
+    assert (record.state, record.error_code, record.remote_jobs) == (
+        TaskState.WAITING,
+        "http_503",
+        0,
+    )
+    clock.advance(5.0)
+    [poll] = (await store.claim_polls("w1", 1, lease_for=LEASE)).leases
+    await store.finish(poll, Retry(boom(), delay=0.0))  # the vendor failed the job
+    assert (await store.get(sub.id)).remote_jobs == 1
+    [lease] = await claim(store)
+    await store.finish(lease, AwaitRemote("job-2", poll_every=1.0))
+    clock.advance(1.0)
+    [poll] = (await store.claim_polls("w1", 1, lease_for=LEASE)).leases
+    await store.finish(poll, Dead(boom(ErrorClass.FATAL)))
+    record = await store.get(sub.id)
+    assert (record.state, record.remote_jobs) == (TaskState.DEAD, 2)
+
+
 async def test_a_lost_poller_is_polled_again(store: Store, clock: ManualClock) -> None:
     await store.submit([task("clip", gates=("provider:video",))])
     [lease] = await claim(store)

@@ -1,9 +1,11 @@
-"""An app whose task takes real time, for shutdown tests: `SLOW_SECONDS` per task."""
+"""An app whose tasks take real time, for shutdown tests: `slow` takes `SLOW_SECONDS`; `stuck`
+is a sync handler that never returns (a call blocked for good in a library without a timeout)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import threading
 
 import headrace as hr
 
@@ -15,5 +17,9 @@ def make_app() -> hr.App:
     @app.task(name="slow")
     async def slow(ctx: hr.Context, ref: str) -> None:
         await asyncio.sleep(pause)
+
+    @app.task(name="stuck", max_attempts=2)
+    def stuck(ctx: hr.Context, ref: str) -> None:
+        threading.Event().wait()  # never set
 
     return app

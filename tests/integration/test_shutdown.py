@@ -21,13 +21,13 @@ from .processes import ROOT, counts, read, stop, wait_until
 pytestmark = pytest.mark.realtime
 
 
-def submit(tasks: int) -> None:
+def submit(tasks: int, kind: str = "slow") -> None:
     async def run() -> None:
         app = make_app()
-        slow = app.definition("slow")
+        definition = app.definition(kind)
         async with app:
             for n in range(tasks):
-                await slow.submit(f"t{n}")
+                await definition.submit(f"t{n}")
 
     asyncio.run(run())
 
@@ -47,9 +47,11 @@ def running(db: Path, n: int) -> bool:
     return counts(db)[TaskState.RUNNING] == n
 
 
-def signal_when_busy(env: dict[str, str], db: Path, grace: str, signals: int = 1) -> None:
+def signal_when_busy(
+    env: dict[str, str], db: Path, grace: str, signals: int = 1, within: float = 20
+) -> None:
     """Start a 2-slot worker, SIGTERM it (`signals` times, half a second apart) once both slots
-    are busy, and require a clean exit."""
+    are busy, and require a clean exit within `within` seconds of the last signal."""
     worker = start(env, "--slots", "2", "--grace", grace)
     try:
         wait_until(lambda: running(db, 2), 20, "two running tasks")
@@ -57,7 +59,7 @@ def signal_when_busy(env: dict[str, str], db: Path, grace: str, signals: int = 1
             if n:
                 time.sleep(0.5)
             worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=20) == 0
+        assert worker.wait(timeout=within) == 0
     finally:
         stop(worker, signal.SIGKILL)
 
@@ -96,3 +98,43 @@ def test_a_second_signal_does_not_wait_for_the_grace_period(
     signal_when_busy(env, db, "120s", signals=2)
     tasks = read(db, lambda store: store.tasks())
     assert {t.state for t in tasks} == {TaskState.READY}
+
+
+def test_a_sync_handler_that_never_returns_does_not_keep_the_worker_past_its_grace(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    db = tmp_path / "slow.db"
+    submit(2, kind="stuck")
+    signal_when_busy(env, db, "1s", within=10)
+    tasks = read(db, lambda store: store.tasks())
+    assert {t.state for t in tasks} == {TaskState.READY}
+    assert {t.error_code for t in tasks} == {"interrupted"}
+
+
+def test_a_second_signal_ends_a_worker_whose_sync_handler_never_returns(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    db = tmp_path / "slow.db"
+    submit(2, kind="stuck")
+    signal_when_busy(env, db, "120s", signals=2, within=10)
+    assert counts(db)[TaskState.READY] == 2
+
+
+def test_an_attempt_past_its_time_limit_fails_and_frees_its_slot(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """A sync handler stuck for good: with `--timeout` its attempts fail as `timeout` (the slot
+    and the task's tickets return; the thread cannot be stopped) until its attempts are spent,
+    and the worker still exits at once when told."""
+    db = tmp_path / "slow.db"
+    submit(1, kind="stuck")
+    worker = start(env, "--slots", "1", "--timeout", "0.5s", "--grace", "1s")
+    try:
+        wait_until(lambda: counts(db)[TaskState.DEAD] == 1, 20, "the task to spend its attempts")
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=10) == 0
+    finally:
+        stop(worker, signal.SIGKILL)
+    [task] = read(db, lambda store: store.tasks())
+    attempts = read(db, lambda store: store.attempts(task.id))
+    assert [a.code for a in attempts] == ["timeout", "timeout"]

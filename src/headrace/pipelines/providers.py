@@ -188,14 +188,24 @@ class MiniMaxClient:
         return Speech(audio=audio, duration_ms=duration, characters=characters)
 
     async def submit_video(
-        self, prompt: str, first_frame: str | None = None, *, started: Started | None = None
+        self,
+        prompt: str,
+        first_frame: str | None = None,
+        *,
+        started: Started | None = None,
+        idempotency_key: str | None = None,
     ) -> str:
-        """Submit a video job (optionally from a first frame image URL); returns its task id."""
+        """Submit a video job (optionally from a first frame image URL); returns its task id.
+        With `idempotency_key` (a handler passes `ctx.idempotency_key`), a submission sent again
+        after its answer was lost names the same job instead of starting a second one."""
         op = "video submission"
         body = {"model": self._models.video, "prompt": prompt}
         if first_frame is not None:
             body["first_frame_image"] = first_frame
-        payload = await self._call(op, "POST", "/v1/video_generation", body=body, started=started)
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        payload = await self._call(
+            op, "POST", "/v1/video_generation", body=body, started=started, headers=headers
+        )
         return _text(op, payload, "task_id")
 
     async def query_video(self, task_id: str) -> VideoStatus:
@@ -221,11 +231,17 @@ class MiniMaxClient:
         body: Mapping[str, object] | None = None,
         params: Mapping[str, str] | None = None,
         started: Started | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Mapping[str, object]:
         extensions = {} if started is None else {"trace": stamping(started)}
         try:
             response = await self._http.request(
-                method, path, json=body, params=params, headers=self._headers, extensions=extensions
+                method,
+                path,
+                json=body,
+                params=params,
+                headers={**self._headers, **(headers or {})},
+                extensions=extensions,
             )
         except httpx.TimeoutException as exc:
             raise Transient(f"{op}: timed out ({type(exc).__name__})", code="timeout") from exc

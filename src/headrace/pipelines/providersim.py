@@ -13,8 +13,13 @@ as `injected`, never as quota violations.
 Faults (`inject`, like the INJECT variable): `ratelimit` answers 1002 to the first image call and
 the first two speech calls; `auth` answers 1004 to the first call to each provider; `flaky`
 answers a seeded ~15% of image and speech calls with an unknown code (1000, half of them as
-HTTP 503); `videofail` ends the first video job in `Fail`. "First" counts authorised, well-formed
-calls since the start or the last reset. A call without `Authorization: Bearer <token>` gets 1004.
+HTTP 503); `videofail` ends the first video job in `Fail`; `slowsubmit` creates the first video
+job at once but answers its submission only a window later (an answer a client gives up on).
+"First" counts authorised, well-formed calls since the start or the last reset. A call without
+`Authorization: Bearer <token>` gets 1004.
+
+A video submission may carry an `Idempotency-Key` header: the same key again answers with the
+same job (counted as a request, not as a new job: `replayed`).
 
 Every call's arrival is recorded when its request reaches the simulator, before its body is read,
 with whether it was accepted: `arrivals()` (and `GET /sim/arrivals`) return them, so a test can
@@ -49,7 +54,7 @@ from starlette.routing import Route
 from headrace.policy.errors import ConfigError
 
 PROVIDERS = ("image", "speech", "video")
-INJECTIONS = frozenset({"ratelimit", "auth", "flaky", "videofail"})
+INJECTIONS = frozenset({"ratelimit", "auth", "flaky", "videofail", "slowsubmit"})
 FLAKY_RATE = 0.15
 REAL_MINUTE = 60.0
 ARRIVALS_KEPT = 100_000  # per provider: the newest arrivals `arrivals()` can return
@@ -125,9 +130,10 @@ class Spread:
 @dataclass
 class ProviderStats:
     """The referee's figures for one provider. `received` counts every call (video polls are
-    counted apart in `polls`); `rejected` counts quota refusals only; `max_in_window` is the
-    most accepted arrivals ever seen in one sliding window, `max_concurrent` the most work in
-    flight at once."""
+    counted apart in `polls`); `rejected` counts quota refusals only; `replayed` the accepted
+    submissions that named an earlier job's idempotency key (no new job); `max_in_window` is
+    the most accepted arrivals ever seen in one sliding window, `max_concurrent` the most work
+    in flight at once."""
 
     quota: Quota
     received: int = 0
@@ -137,6 +143,7 @@ class ProviderStats:
     unauthorized: int = 0
     invalid: int = 0
     polls: int = 0
+    replayed: int = 0
     max_in_window: int = 0
     max_concurrent: int = 0
 
@@ -308,6 +315,7 @@ class ProviderSimulator:
         self._referees = {name: self._fresh(name) for name in PROVIDERS}
         self._rng = random.Random(seed)
         self._jobs: dict[str, _Job] = {}
+        self._keyed: dict[str, str] = {}  # idempotency key -> the video job it started
         self._serial = itertools.count(1)
 
     def _fresh(self, provider: str) -> _Referee:
@@ -384,23 +392,43 @@ class ProviderSimulator:
         }
         return _reply(OK, "success", data={"audio": audio.hex(), "status": 2}, extra_info=extra)
 
-    def submit_video(
+    async def submit_video(
         self,
         body: Mapping[str, object] | None,
         authorization: str | None,
         arrived: float | None = None,
+        idempotency_key: str | None = None,
     ) -> SimReply:
-        """POST /v1/video_generation: answers at once with a task id; the job then runs."""
-        done_at = self.now() + self._duration("video")
+        """POST /v1/video_generation: answers at once with a task id; the job then runs. An
+        idempotency key seen before answers with its job, and starts none."""
+        known = self._keyed.get(idempotency_key or "")
+        # A replay is a request like any (it counts against the rpm) but holds no job slot.
+        done_at = self.now() + (0.0 if known else self._duration("video"))
         problem = _video_problem(body)
         refused = self._enter("video", authorization, problem, job_end=done_at, arrived=arrived)
         if refused is not None:
             return refused
+        if known is not None:
+            self._referees["video"].stats.replayed += 1
+            return _reply(OK, "success", task_id=known)
+        task_id = self._start_job(done_at)
+        if idempotency_key:
+            self._keyed[idempotency_key] = task_id
+        if "slowsubmit" in self.inject and len(self._jobs) == 1:
+            await asyncio.sleep(self.window)  # the job runs; its answer comes too late
+        return _reply(OK, "success", task_id=task_id)
+
+    def _start_job(self, done_at: float) -> str:
         serial = next(self._serial)
         fails = "videofail" in self.inject and self._referees["video"].stats.accepted == 1
         task_id = f"vid-{serial}"
         self._jobs[task_id] = _Job(done_at, f"file-{serial}", fails)
-        return _reply(OK, "success", task_id=task_id)
+        return task_id
+
+    @property
+    def jobs(self) -> int:
+        """How many video jobs were started."""
+        return len(self._jobs)
 
     def query_video(self, task_id: str | None, authorization: str | None) -> SimReply:
         """GET /v1/query/video_generation: a job is Processing until its latency has passed.
@@ -502,7 +530,8 @@ def create_app(sim: ProviderSimulator) -> Starlette:
 
     async def video(request: Request) -> JSONResponse:
         arrived, auth = sim.now(), request.headers.get("authorization")
-        return _respond(sim.submit_video(await _json_body(request), auth, arrived))
+        key = request.headers.get("idempotency-key")
+        return _respond(await sim.submit_video(await _json_body(request), auth, arrived, key))
 
     async def query(request: Request) -> JSONResponse:
         auth = request.headers.get("authorization")

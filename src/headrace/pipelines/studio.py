@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from headrace.pipelines.providers import MiniMaxClient
 from headrace.pipelines.providersim import STUDIO_QUOTAS, Latency, Quota
-from headrace.policy.errors import Transient
+from headrace.policy.errors import RemoteFailed
 from headrace.policy.rate import Rate
 from headrace.runtime.app import App, TaskDefinition
 from headrace.runtime.context import Context
@@ -137,7 +137,9 @@ class _Stages:
         return Result(cost=float(speech.characters))
 
     async def video(self, ctx: Context, ref: str) -> RemoteWait | Result:
-        job = await self.client.submit_video(prompt_for(ref), started=ctx.started)
+        job = await self.client.submit_video(
+            prompt_for(ref), started=ctx.started, idempotency_key=ctx.idempotency_key
+        )
         if not self.config.hold_video_slot:
             return ctx.await_remote(
                 job, every=self.config.poll_every, timeout=self.config.window * 20
@@ -153,7 +155,7 @@ class _Stages:
         if status.state == "pending":
             return Pending()
         if status.state == "failed":
-            raise Transient("the vendor reported the video job failed", code="video_failed")
+            raise RemoteFailed("the vendor reported the video job failed", code="video_failed")
         return Result(cost=CLIP_SECONDS)
 
     async def assemble(self, ctx: Context, episode: str) -> Result:

@@ -7,7 +7,8 @@ HeadraceError
 ├── TaskFailure            raised by handlers and adapters: what went wrong with an attempt
 │   ├── RateLimited        retry later and penalise the gate (vendor said "slow down")
 │   ├── Transient          retry later (timeouts, 5xx, unknown vendor codes)
-│   └── Fatal              never retry (auth, balance, bad parameters, moderation)
+│   ├── Fatal              never retry (auth, balance, bad parameters, moderation)
+│   └── RemoteFailed       a poller's word that the remote job itself ended in failure
 └── StoreError             the durable store refused an operation
     ├── LeaseLost          the caller no longer owns the task (expired, re-claimed, cancelled)
     ├── UnknownTask        no task with that id
@@ -102,6 +103,18 @@ class Fatal(TaskFailure):
     """A failure no retry can fix: the task goes to the dead letters after one attempt."""
 
     error_class = ErrorClass.FATAL
+
+
+class RemoteFailed(TaskFailure):
+    """Raised by a poller: the remote job ended in failure, so its outcome is known and a new
+    job may be submitted (retried like a transient failure; `retry=False`: dead at once).
+
+    Any other error a poller raises means the check itself failed: the job's outcome is still
+    unknown, so the task keeps waiting (its ticket and remote id kept) and is polled again."""
+
+    def __init__(self, message: str = "", *, code: str | None = None, retry: bool = True) -> None:
+        super().__init__(message, code=code or "remote_failed")
+        self.error_class = ErrorClass.TRANSIENT if retry else ErrorClass.FATAL
 
 
 class StoreError(HeadraceError):

@@ -13,7 +13,7 @@ from typing import Literal, overload
 
 from headrace.policy import gate as gating
 from headrace.policy.clock import Clock
-from headrace.policy.durations import Duration, seconds
+from headrace.policy.durations import Duration, positive_seconds, seconds
 from headrace.policy.errors import ConfigError, QueueFull
 from headrace.policy.gate import GateConfig
 from headrace.policy.rate import Rate
@@ -28,6 +28,7 @@ from headrace.store.urls import open_store
 HandlerResult = Result | RemoteWait | None
 Handler = Callable[[Context, str], Awaitable[HandlerResult] | HandlerResult]
 Poller = Callable[[Context, str], Awaitable[Result | Pending]]
+Canceller = Callable[[Context, str], Awaitable[object]]
 OnFull = Literal["wait", "refuse"]
 
 PRODUCER_WAIT_MIN = 0.05
@@ -42,6 +43,7 @@ class TaskOptions:
     bound: int | None = None
     on_full: OnFull = "wait"
     cost: float = 1.0
+    timeout: float | None = None  # seconds an attempt (or a remote check) may take
 
 
 def _check_gate_list(gates: Sequence[str]) -> None:
@@ -54,19 +56,33 @@ class TaskDefinition:
     """A stage: its handler, gates, retry policy and waiting bound. Call `submit` to enqueue."""
 
     def __init__(
-        self, app: App, name: str, handler: Handler, options: TaskOptions, poller: Poller | None
+        self,
+        app: App,
+        name: str,
+        handler: Handler,
+        options: TaskOptions,
+        poller: Poller | None,
+        canceller: Canceller | None = None,
     ) -> None:
         self.app = app
         self.name = name
         self.handler = handler
         self.options = options
         self.poller = poller
+        self.canceller = canceller
         self.is_async = inspect.iscoroutinefunction(handler)
 
     def poll(self, poller: Poller) -> Poller:
         """Decorator: how to check this task's remote job; used after restarts too."""
         self.poller = poller
         return poller
+
+    def cancel(self, canceller: Canceller) -> Canceller:
+        """Decorator: how to cancel this task's remote job once it outlived its timeout. It
+        returns once the vendor has stopped the job (then the task may submit a new one); it
+        raises when it could not (then the job is polled on, its ticket kept)."""
+        self.canceller = canceller
+        return canceller
 
     def spec(
         self,
@@ -189,6 +205,8 @@ class App:
         on_full: OnFull = "wait",
         cost: float = 1.0,
         poll: Poller | None = None,
+        cancel: Canceller | None = None,
+        timeout: Duration | None = None,
     ) -> Callable[[Handler], TaskDefinition]: ...
 
     def task(
@@ -205,9 +223,12 @@ class App:
         on_full: OnFull = "wait",
         cost: float = 1.0,
         poll: Poller | None = None,
+        cancel: Canceller | None = None,
+        timeout: Duration | None = None,
     ) -> TaskDefinition | Callable[[Handler], TaskDefinition]:
         """Declare a stage: `@app.task` or `@app.task(gates=[...], ...)`. `bound` caps its
-        pending+ready tasks for producers; `poll` checks its remote jobs."""
+        pending+ready tasks for producers; `poll` checks its remote jobs and `cancel` stops one
+        that outlived its timeout; `timeout` limits each attempt (else the worker's default)."""
         _check_gate_list(gates)
         policy = retry or RetryPolicy()
         if max_attempts is not None:
@@ -216,7 +237,10 @@ class App:
             raise ConfigError(f"task.bound: expected a positive integer, got {bound!r}")
         if on_full not in ("wait", "refuse"):
             raise ConfigError(f"task.on_full: expected 'wait' or 'refuse', got {on_full!r}")
-        options = TaskOptions(tuple(gates), policy, Tier.parse(tier), bound, on_full, cost)
+        limit = None if timeout is None else positive_seconds(timeout, field="task.timeout")
+        options = TaskOptions(
+            tuple(gates), policy, Tier.parse(tier), bound, on_full, cost, timeout=limit
+        )
 
         def register(fn: Handler) -> TaskDefinition:
             kind = name or str(getattr(fn, "__name__", ""))
@@ -224,7 +248,7 @@ class App:
                 raise ConfigError("task.name: give the task a name")
             if kind in self.definitions:
                 raise ConfigError(f"task.name: {kind!r} is already declared")
-            definition = TaskDefinition(self, kind, fn, options, poll)
+            definition = TaskDefinition(self, kind, fn, options, poll, cancel)
             self.definitions[kind] = definition
             return definition
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -33,6 +34,15 @@ class Context:
     @property
     def attempt(self) -> int:
         return self.lease.task.attempt
+
+    @property
+    def idempotency_key(self) -> str:
+        """A key to send with a remote job's submission (an `Idempotency-Key` header): the same
+        for every attempt until a job of this task is known to have failed, so a submission
+        whose answer was lost is found again by the vendor instead of made twice."""
+        task = self.task
+        seed = f"{task.id}|{task.created_at!r}|{task.kind}|{task.ref}".encode()
+        return f"hr-{hashlib.sha256(seed).hexdigest()[:24]}-{task.remote_jobs}"
 
     async def started(self, *gates: str) -> None:
         """Say the call is about to leave: stamp the start this attempt reserved on its rated

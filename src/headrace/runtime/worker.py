@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import random
+import re
 import signal
 import socket
 import traceback
@@ -36,10 +37,12 @@ from headrace.policy.errors import (
 from headrace.policy.leases import lease_timing
 from headrace.policy.redact import redact
 from headrace.policy.retry import Action
+from headrace.runtime import remote
 from headrace.runtime.app import App, TaskDefinition
+from headrace.runtime.calls import call
 from headrace.runtime.completions import Completions
 from headrace.runtime.context import Context
-from headrace.runtime.results import Pending, RemoteWait, Result
+from headrace.runtime.results import RemoteWait, Result
 from headrace.store.dispatch import earliest
 from headrace.store.types import (
     ACTIVE,
@@ -58,7 +61,6 @@ from headrace.store.types import (
 log = logging.getLogger("headrace.worker")
 
 INTERRUPTED = "interrupted"
-REMOTE_TIMEOUT = "remote_timeout"
 MIN_SLEEP = 0.001
 OUTAGE_PAUSE = 0.25
 OUTAGE_PAUSE_MAX = 5.0
@@ -95,6 +97,7 @@ class Worker:
         renew: Duration | None = None,
         idle: Duration = "0.5s",
         grace: Duration = "30s",
+        timeout: Duration | None = None,
         seed: int | None = None,
     ) -> None:
         if isinstance(slots, bool) or slots < 1:
@@ -106,6 +109,10 @@ class Worker:
         self.lease_for, self.renew_every = lease_timing(lease, renew)
         self.idle = positive_seconds(idle, field="worker.idle")
         self.grace = seconds(grace, field="worker.grace")
+        # Seconds an attempt may take when its stage sets no limit (None: no limit).
+        self.timeout = (
+            None if timeout is None else positive_seconds(timeout, field="worker.timeout")
+        )
         self.rng = random.Random(seed)
         self.stats = WorkerStats()
         self._running: dict[int, asyncio.Task[None]] = {}
@@ -289,11 +296,22 @@ class Worker:
     async def _execute(self, lease: Lease) -> None:
         definition = self.app.definition(lease.task.kind)
         ctx = Context(self.app, lease, self.name, await self.app.store.now())
+        began = asyncio.get_running_loop().time()
         try:
-            returned = await self._call(definition, ctx)
+            returned = await call(
+                definition.handler,
+                ctx,
+                ctx.task.ref,
+                is_async=definition.is_async,
+                limit=self._limit(definition),
+            )
             outcome = self._outcome(ctx, returned)
         except TaskFailure as failure:
             outcome = self._failed(lease, definition, failure)
+        except LeaseLost:  # ctx.started() was refused: another worker owns the task now
+            self._slot_freed(lease.task_id, self._running)
+            self._abandoned(lease, "before its call")
+            return
         except asyncio.CancelledError:
             await self._release(lease)
             raise
@@ -301,7 +319,11 @@ class Worker:
             self._note_crash(error)
             outcome = self._failed(lease, definition, _unexpected(error))
         self._slot_freed(lease.task_id, self._running)
-        await self._finish(lease, outcome)
+        await self._finish(lease, outcome, asyncio.get_running_loop().time() - began)
+
+    def _limit(self, definition: TaskDefinition) -> float | None:
+        """Seconds an attempt of `definition` may take: the stage's limit, or the worker's."""
+        return definition.options.timeout or self.timeout
 
     def _slot_freed(self, task_id: int, registry: dict[int, asyncio.Task[None]]) -> None:
         """The handler is done: its slot takes new work while its outcome is written (the lease
@@ -312,17 +334,10 @@ class Worker:
             if self._more or registry is self._polling or task_id == self._solo:
                 self._wake.set()
 
-    @staticmethod
-    async def _call(definition: TaskDefinition, ctx: Context) -> object:
-        if definition.is_async:
-            return await definition.handler(ctx, ctx.task.ref)  # type: ignore[misc]
-        return await asyncio.to_thread(definition.handler, ctx, ctx.task.ref)
-
     def _outcome(self, ctx: Context, returned: object) -> Outcome:
         if isinstance(returned, RemoteWait):
             if ctx.successors:
                 raise ConfigError("spawn: successors of a remote wait are made by its poller")
-            self.stats.remote_waits += 1
             self._poll_due = None
             return AwaitRemote(returned.remote_id, returned.every, returned.timeout)
         if returned is not None and not isinstance(returned, Result):
@@ -330,7 +345,6 @@ class Worker:
                 f"task {ctx.task.kind}: a handler returns None, Result or ctx.await_remote(...),"
                 f" not {type(returned).__name__}"
             )
-        self.stats.succeeded += 1
         cost = returned.cost if isinstance(returned, Result) else None
         return Succeeded(cost=cost, successors=tuple(ctx.successors))
 
@@ -342,20 +356,7 @@ class Worker:
         error = AttemptError.of(failure.error_class, failure.code, failure.message)
         penalize = self._penalized(lease, failure) if decision.penalize else ()
         if decision.action is Action.DEAD:
-            log.info("task %s %s: %s, dead", lease.task_id, lease.task.kind, error.code)
-            self.stats.dead += 1
             return Dead(error, penalize)
-        log.info(
-            "task %s %s attempt %d: %s (%s), retry in %.3fs%s",
-            lease.task_id,
-            lease.task.kind,
-            lease.task.attempt,
-            error.code,
-            failure.error_class.value,
-            decision.delay,
-            f", penalising {', '.join(penalize)}" if penalize else "",
-        )
-        self.stats.retried += 1
         self.stats.backoffs.append(decision.delay)
         return Retry(error, decision.delay, penalize)
 
@@ -365,17 +366,37 @@ class Worker:
             return (named,)
         return self.app.rated_gates(lease.task.gates)
 
-    async def _finish(self, lease: Lease, outcome: Outcome) -> None:
+    async def _finish(self, lease: Lease, outcome: Outcome, took: float) -> None:
         try:
-            await self._record(lease, outcome)
+            try:
+                await self._record(lease, outcome)
+            except ConfigError as refused:  # e.g. a bad successor: the task cannot go on
+                outcome = _refused(refused)
+                await self._record(lease, outcome)
         except LeaseLost:
-            self.stats.leases_lost += 1
-            log.warning("task %s: lease lost before its outcome was recorded", lease.task_id)
+            self._abandoned(lease, "before its outcome was recorded")
             return
         finally:
             # Renewals stop here, not when the asyncio task's done-callback runs later.
             self._leases.pop(lease.task_id, None)
-        self.app.notify()
+        self._count(outcome)
+        log.log(_level(outcome), "%s", describe(lease, outcome, took))
+        if _may_free_work(lease, outcome):
+            self.app.notify()
+
+    def _count(self, outcome: Outcome) -> None:
+        if isinstance(outcome, Succeeded):
+            self.stats.succeeded += 1
+        elif isinstance(outcome, Retry):
+            self.stats.retried += 1
+        elif isinstance(outcome, Dead):
+            self.stats.dead += 1
+        elif isinstance(outcome, AwaitRemote):
+            self.stats.remote_waits += 1
+
+    def _abandoned(self, lease: Lease, when: str) -> None:
+        self.stats.leases_lost += 1
+        log.warning("task %s: lease lost %s; another worker owns it now", lease.task_id, when)
 
     async def _record(self, lease: Lease, outcome: Outcome) -> None:
         """Write the outcome, waiting out a store outage while the lease may still hold it."""
@@ -404,7 +425,8 @@ class Worker:
         return self._outcomes
 
     async def _release(self, lease: Lease) -> None:
-        """Hand an interrupted task back at once (shutdown), without waiting for its lease."""
+        """Hand an interrupted task back at once (shutdown), without waiting for its lease; a
+        waiting task keeps its remote job, to be polled again."""
         error = AttemptError.of(ErrorClass.TRANSIENT, INTERRUPTED, "worker shut down")
         outcome: Outcome = Retry(error, delay=0.0)
         if lease.task.state is TaskState.WAITING:
@@ -426,31 +448,23 @@ class Worker:
     async def _poll(self, lease: Lease) -> None:
         definition = self.app.definition(lease.task.kind)
         ctx = Context(self.app, lease, self.name, await self.app.store.now())
+        began = asyncio.get_running_loop().time()
         self.stats.polls += 1
         try:
-            outcome = await self._check_remote(definition, ctx)
+            outcome = await remote.check(definition, ctx, self._limit(definition))
         except TaskFailure as failure:
-            outcome = self._failed(lease, definition, failure)
+            if remote.settled(failure) or failure.code == remote.REMOTE_TIMEOUT:
+                outcome = self._failed(lease, definition, failure)  # a new job may be tried
+            else:
+                outcome = remote.check_failed(failure, ctx)  # the job's outcome still unknown
         except asyncio.CancelledError:
             await self._release(lease)
             raise
         except Exception as error:
             self._note_crash(error)
-            outcome = self._failed(lease, definition, _unexpected(error))
+            outcome = remote.check_failed(_unexpected(error), ctx)
         self._slot_freed(lease.task_id, self._polling)
-        await self._finish(lease, outcome)
-
-    async def _check_remote(self, definition: TaskDefinition, ctx: Context) -> Outcome:
-        task = ctx.task
-        if task.remote_deadline is not None and ctx.now >= task.remote_deadline:
-            raise Transient("the remote job outlived its timeout", code=REMOTE_TIMEOUT)
-        if definition.poller is None or task.remote_id is None:
-            raise ConfigError(f"task {task.kind}: awaits a remote job but has no poller")
-        answer = await definition.poller(ctx, task.remote_id)
-        if isinstance(answer, Pending):
-            return PollAgain(answer.delay if answer.delay is not None else task.poll_every or 1.0)
-        self.stats.succeeded += 1
-        return Succeeded(cost=answer.cost, successors=tuple(ctx.successors))
+        await self._finish(lease, outcome, asyncio.get_running_loop().time() - began)
 
     # -- leases
 
@@ -468,10 +482,12 @@ class Worker:
             for old, new in zip(leases, renewed, strict=True):
                 if old.task_id not in self._leases:
                     continue  # finished while the renewal was in flight
-                if new is None:
-                    self._lost(old)
-                else:
+                if new is not None:
                     self._leases[old.task_id] = new
+                elif old.task_id not in self._recording:
+                    self._lost(old)
+                # else: its outcome is being written and may have been committed before the
+                # renewal ran; the write itself says whether the lease still held.
 
     def _lost(self, lease: Lease) -> None:
         """Another worker owns the task now: stop working on it here."""
@@ -520,6 +536,51 @@ class Worker:
                 loop.remove_signal_handler(sig)
 
         return restore
+
+
+def _refused(error: ConfigError) -> Dead:
+    """The store refused the outcome itself (a successor naming an unknown gate, a key reused
+    with another payload): no attempt can do better, so the task is dead, saying why."""
+    code = re.sub(r"(?<!^)(?=[A-Z])", "_", type(error).__name__).lower()
+    return Dead(AttemptError.of(ErrorClass.FATAL, f"outcome_refused:{code}", str(error)))
+
+
+def _may_free_work(lease: Lease, outcome: Outcome) -> bool:
+    """Whether an outcome may have made work claimable for this process's idle workers: tickets
+    returned, successors created, dependents unblocked (a success may have some)."""
+    if isinstance(outcome, Succeeded):
+        return True
+    if isinstance(outcome, Retry | Dead):
+        return bool(lease.task.gates)
+    return False  # a remote wait keeps its tickets; a poll again changes nothing claimable
+
+
+def _level(outcome: Outcome) -> int:
+    if isinstance(outcome, PollAgain):
+        return logging.WARNING if outcome.code else logging.DEBUG
+    return logging.INFO
+
+
+def describe(lease: Lease, outcome: Outcome, took: float) -> str:
+    """One log line for an attempt's outcome (the ref redacted, as every logged value)."""
+    task = lease.task
+    head = f"task {task.id} {task.kind} {redact(task.ref, limit=80)}"
+    if isinstance(outcome, Succeeded):
+        made = f", {len(outcome.successors)} successors" if outcome.successors else ""
+        return f"{head}: succeeded in {took:.3f}s (attempt {task.attempt}){made}"
+    if isinstance(outcome, AwaitRemote):
+        return f"{head}: waiting on remote job {redact(outcome.remote_id, limit=80)}"
+    if isinstance(outcome, PollAgain):
+        why = f" ({outcome.code})" if outcome.code else ""
+        return f"{head}: remote job still unsettled{why}, checked again in {outcome.delay:.2f}s"
+    penalize = f", penalising {', '.join(outcome.penalize)}" if outcome.penalize else ""
+    error = outcome.error
+    if isinstance(outcome, Retry):
+        return (
+            f"{head} attempt {task.attempt}: {error.code} ({error.error_class.value}), "
+            f"retry in {outcome.delay:.3f}s{penalize}"
+        )
+    return f"{head}: dead after attempt {task.attempt}: {error.code}{penalize}"
 
 
 def _unexpected(error: Exception) -> TaskFailure:

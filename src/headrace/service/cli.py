@@ -137,6 +137,7 @@ def demo(
 @click.option("--lease", default="30s", show_default=True)
 @click.option("--idle", default="0.5s", show_default=True, help="Longest sleep between claims.")
 @click.option("--grace", default="30s", show_default=True, help="Shutdown wait for handlers.")
+@click.option("--timeout", help="Time limit of an attempt whose stage sets none (default: none).")
 @click.option("--name", help="Worker name in leases and attempt history.")
 @click.pass_context
 def worker(
@@ -148,6 +149,7 @@ def worker(
     lease: str,
     idle: str,
     grace: str,
+    timeout: str | None,
     name: str | None,
 ) -> None:
     """Run a worker for the app at MODULE:ATTR (or --app) until SIGINT or SIGTERM."""
@@ -160,6 +162,7 @@ def worker(
         lease=_duration(lease, "--lease"),
         idle=_duration(idle, "--idle"),
         grace=_duration(grace, "--grace"),
+        timeout=None if timeout is None else _duration(timeout, "--timeout"),
     )
     asyncio.run(_serve(runner, target))
 

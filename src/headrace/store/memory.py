@@ -398,7 +398,12 @@ class MemoryStore:
         if isinstance(outcome, PollAgain):
             if task.state is not TaskState.WAITING:
                 raise ConfigError("PollAgain: only a waiting task can be polled again")
-            self._put(replace(task, run_at=now + outcome.delay, lease_until=None, worker=None))
+            code = outcome.code or task.error_code
+            self._put(
+                replace(
+                    task, run_at=now + outcome.delay, lease_until=None, worker=None, error_code=code
+                )
+            )
             return
         if task.state is TaskState.WAITING and isinstance(outcome, AwaitRemote):
             raise ConfigError("AwaitRemote: the task is already waiting on a remote job")
@@ -423,6 +428,7 @@ class MemoryStore:
         if isinstance(outcome, Succeeded):
             self._succeed(task, outcome, now)
         elif isinstance(outcome, Retry):
+            task = _settled(task)
             self._penalize(outcome.penalize, now)
             self._end_attempt(task, now, AttemptOutcome.RETRY, outcome.error)
             self._release(task.id, now)
@@ -440,6 +446,7 @@ class MemoryStore:
                 )
             )
         elif isinstance(outcome, Dead):
+            task = _settled(task)
             self._penalize(outcome.penalize, now)
             self._end_attempt(task, now, AttemptOutcome.DEAD, outcome.error)
             self._bury(task, now, outcome.error.code)
@@ -757,6 +764,13 @@ class MemoryStore:
 
     def active(self) -> int:
         return sum(1 for t in self._tasks.values() if t.state in ACTIVE)
+
+
+def _settled(task: TaskRecord) -> TaskRecord:
+    """A waiting task whose remote job ended in failure: a new job will be a new one."""
+    if task.state is not TaskState.WAITING:
+        return task
+    return replace(task, remote_jobs=task.remote_jobs + 1)
 
 
 def _entry(task: TaskRecord) -> tuple[int, float, int]:

@@ -1524,7 +1524,8 @@ class _Transaction:
     async def poll_again(self, task: TaskRecord, outcome: PollAgain) -> None:
         if task.state is not TaskState.WAITING:
             raise ConfigError("PollAgain: only a waiting task can be polled again")
-        await self.run("poll_again", id=task.id, run_at=self.now + outcome.delay)
+        run_at = self.now + outcome.delay
+        await self.run("poll_again", id=task.id, run_at=run_at, code=outcome.code)
 
     async def succeed(self, task: TaskRecord, outcome: Succeeded) -> None:
         # Successors are checked like a submitted batch: a bad one fails the whole completion.
@@ -1910,6 +1911,7 @@ def _record(row: DictRow) -> TaskRecord:
         expiries=row["expiries"],
         attempt_base=row["attempt_base"],
         solo=bool(row["solo"]),
+        remote_jobs=row["remote_jobs"],
     )
 
 

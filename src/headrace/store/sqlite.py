@@ -723,7 +723,7 @@ class _Transaction:
     def poll_again(self, task: TaskRecord, outcome: PollAgain) -> None:
         if task.state is not TaskState.WAITING:
             raise ConfigError("PollAgain: only a waiting task can be polled again")
-        self.run("poll_again", id=task.id, run_at=self.now + outcome.delay)
+        self.run("poll_again", id=task.id, run_at=self.now + outcome.delay, code=outcome.code)
 
     def succeed(self, task: TaskRecord, outcome: Succeeded) -> None:
         # Successors are checked like a submitted batch: a bad one fails the whole completion.
@@ -989,6 +989,7 @@ def _record(row: sqlite3.Row) -> TaskRecord:
         expiries=row["expiries"],
         attempt_base=row["attempt_base"],
         solo=bool(row["solo"]),
+        remote_jobs=row["remote_jobs"],
     )
 
 

@@ -199,6 +199,7 @@ class TaskRecord:
     # letters, and those lost when the worker died running others beside it.
     attempt_base: int = 0
     solo: bool = False  # its lease expired beside others': it runs alone until it ends
+    remote_jobs: int = 0  # remote jobs it submitted that ended without success
 
     @property
     def attempts_used(self) -> int:
@@ -277,9 +278,11 @@ class AwaitRemote:
 
 @dataclass(frozen=True)
 class PollAgain:
-    """The remote job is still running: poll again after `delay` (only for a waiting task)."""
+    """The remote job is still running, or its check failed: poll again after `delay` (only for
+    a waiting task). `code`, when given, says why on the task (e.g. `remote_timeout`)."""
 
     delay: float
+    code: str | None = None
 
 
 Outcome = Succeeded | Retry | Dead | AwaitRemote | PollAgain

@@ -479,8 +479,10 @@ WHERE tasks.id = l.id AND tasks.lease_token = l.token
 RETURNING tasks.*;
 
 -- name: poll_again
--- The remote job still runs: poll it again at run_at, by any poller.
-UPDATE tasks SET run_at = %(run_at)s::double precision, lease_until = NULL, worker = NULL
+-- The remote job still runs (or its check failed): poll it again at run_at, by any poller.
+UPDATE tasks
+SET run_at = %(run_at)s::double precision, lease_until = NULL, worker = NULL,
+    error_code = coalesce(%(code)s::text, error_code)
 WHERE id = %(id)s::bigint;
 
 -- name: succeed_task
@@ -550,10 +552,11 @@ VALUES (%(grp)s::text, %(kind)s::text, %(units)s::double precision)
 ON CONFLICT (grp, kind) DO UPDATE SET units = ledger.units + excluded.units;
 
 -- name: mark_retry
--- Queue a task for another attempt at run_at.
+-- Queue a task for another attempt at run_at; a waiting task's remote job has ended in failure.
 UPDATE tasks
 SET state = 'ready', run_at = %(run_at)s::double precision, worker = NULL, lease_until = NULL,
-    remote_id = NULL, poll_every = NULL, remote_deadline = NULL, error_code = %(code)s::text
+    remote_id = NULL, poll_every = NULL, remote_deadline = NULL, error_code = %(code)s::text,
+    remote_jobs = remote_jobs + (state = 'waiting')::integer
 WHERE id = %(id)s::bigint;
 
 -- name: mark_waiting
@@ -566,10 +569,11 @@ SET state = 'waiting', remote_id = %(remote_id)s::text,
 WHERE id = %(id)s::bigint;
 
 -- name: mark_ended
--- Record a task's end without success (dead or cancelled) and why.
+-- Record a task's end without success (dead or cancelled) and why; a dead one's remote job failed.
 UPDATE tasks
 SET state = %(state)s::text, finished_at = %(now)s::double precision, worker = NULL,
-    lease_until = NULL, error_code = %(code)s::text
+    lease_until = NULL, error_code = %(code)s::text,
+    remote_jobs = remote_jobs + (state = 'waiting' AND %(state)s::text = 'dead')::integer
 WHERE id = %(id)s::bigint;
 
 -- name: list_tasks

@@ -42,7 +42,8 @@ CREATE TABLE tasks (
     unmet           integer          NOT NULL DEFAULT 0,  -- dependencies not yet succeeded
     attempt_base    integer          NOT NULL DEFAULT 0,  -- not counted against max_attempts
     solo            boolean          NOT NULL DEFAULT false,  -- lost a lease beside others
-    payload_digest  text  -- a keyed task's payload digest (store/idempotency.py), else NULL
+    payload_digest  text,  -- a keyed task's payload digest (store/idempotency.py), else NULL
+    remote_jobs     integer          NOT NULL DEFAULT 0  -- remote jobs it submitted that failed
 );
 
 CREATE UNIQUE INDEX tasks_key ON tasks (key) WHERE key IS NOT NULL;

@@ -286,8 +286,10 @@ WHERE id = :id AND state IN ('running', 'waiting') AND lease_token = :token
 RETURNING *;
 
 -- name: poll_again
--- The remote job still runs: poll it again at run_at, by any poller.
-UPDATE tasks SET run_at = :run_at, lease_until = NULL, worker = NULL WHERE id = :id;
+-- The remote job still runs (or its check failed): poll it again at run_at, by any poller.
+UPDATE tasks
+SET run_at = :run_at, lease_until = NULL, worker = NULL, error_code = coalesce(:code, error_code)
+WHERE id = :id;
 
 -- name: mark_succeeded
 -- Record a task's success.
@@ -301,10 +303,11 @@ INSERT INTO ledger (grp, kind, units) VALUES (:grp, :kind, :units)
 ON CONFLICT (grp, kind) DO UPDATE SET units = units + excluded.units;
 
 -- name: mark_retry
--- Queue a task for another attempt at run_at.
+-- Queue a task for another attempt at run_at; a waiting task's remote job has ended in failure.
 UPDATE tasks
 SET state = 'ready', run_at = :run_at, worker = NULL, lease_until = NULL, remote_id = NULL,
-    poll_every = NULL, remote_deadline = NULL, error_code = :code
+    poll_every = NULL, remote_deadline = NULL, error_code = :code,
+    remote_jobs = remote_jobs + (state = 'waiting')
 WHERE id = :id;
 
 -- name: mark_waiting
@@ -315,9 +318,10 @@ SET state = 'waiting', remote_id = :remote_id, poll_every = :poll_every,
 WHERE id = :id;
 
 -- name: mark_ended
--- Record a task's end without success (dead or cancelled) and why.
+-- Record a task's end without success (dead or cancelled) and why; a dead one's remote job failed.
 UPDATE tasks
-SET state = :state, finished_at = :now, worker = NULL, lease_until = NULL, error_code = :code
+SET state = :state, finished_at = :now, worker = NULL, lease_until = NULL, error_code = :code,
+    remote_jobs = remote_jobs + (state = 'waiting' AND :state = 'dead')
 WHERE id = :id;
 
 -- name: list_tasks

@@ -35,7 +35,8 @@ CREATE TABLE tasks (
     unmet           INTEGER NOT NULL DEFAULT 0,  -- dependencies not yet succeeded
     attempt_base    INTEGER NOT NULL DEFAULT 0,  -- attempts not counted against max_attempts
     solo INTEGER NOT NULL DEFAULT 0,  -- lost a lease beside others: runs alone until it ends
-    payload_digest  TEXT  -- a keyed task's payload digest (store/idempotency.py), else NULL
+    payload_digest  TEXT,  -- a keyed task's payload digest (store/idempotency.py), else NULL
+    remote_jobs INTEGER NOT NULL DEFAULT 0  -- remote jobs it submitted that failed
 );
 
 CREATE UNIQUE INDEX tasks_key ON tasks (key) WHERE key <> '';
