@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.postgres import PostgresFigures, postgres_figures
+from bench.quota import QuotaRun, quota_figures
 from bench.studio import StudioFigure, studio_figures
 from bench.throughput import Throughput, throughput_figures
 
@@ -49,6 +50,25 @@ def throughput_table(figures: list[Throughput]) -> Table:
             f"{f.seconds:.2f}",
             f"{f.tasks_per_s:,.0f}",
             f"{f.tasks_per_s / bare.tasks_per_s:.2f}",
+        )
+    return table
+
+
+def quota_table(runs: list[QuotaRun]) -> Table:
+    table = Table(title="A shared quota as the vendor counts it (3 at once, 30 per 6 s, 300 calls)")
+    columns = ("case", "calls", "refused", "max in 6 s", "max at once", "makespan", "ideal")
+    for column in (*columns, "vs ideal"):
+        table.add_column(column, justify="left" if column == "case" else "right")
+    for run in runs:
+        table.add_row(
+            run.case,
+            str(run.calls),
+            str(run.refused),
+            str(run.max_in_window),
+            str(run.max_at_once),
+            f"{run.makespan_s:.1f}s",
+            f"{run.ideal_s:.1f}s",
+            f"{run.ratio:.3f}",
         )
     return table
 
@@ -91,6 +111,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to save the JSON")
     parser.add_argument("--no-postgres", action="store_true", help="skip the PostgreSQL benchmarks")
+    parser.add_argument("--no-quota", action="store_true", help="skip the shared-quota runs")
     args = parser.parse_args()
     console = Console(width=110)
     studio = studio_figures(args.quick)
@@ -106,6 +127,9 @@ def main() -> None:
     if postgres is not None:
         for table in postgres_tables(postgres):
             console.print(table)
+    quota = [] if args.no_quota else quota_figures(postgres=not args.no_postgres)
+    if quota:
+        console.print(quota_table(quota))
     results = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
@@ -114,6 +138,7 @@ def main() -> None:
         "held_over_returned": round(held.makespan_s / returned.makespan_s, 3),
         "throughput": [asdict(f) for f in throughput],
         "postgres": asdict(postgres) if postgres is not None else None,
+        "quota": [{**asdict(run), "ratio": round(run.ratio, 4)} for run in quota],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

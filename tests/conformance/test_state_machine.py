@@ -20,7 +20,7 @@ import itertools
 import math
 import shutil
 import tempfile
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Collection, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -197,7 +197,7 @@ class Model:
         self.keys: dict[str, int] = {}
         self.payloads: dict[str, NewTask] = {}  # by key: the task first submitted with it
         self.gate_starts: dict[str, list[float]] = {name: [] for name in RATES}
-        self.lost_by: dict[str, list[float]] = defaultdict(list)  # when each worker lost leases
+        self.lost: dict[int, tuple[str, float]] = {}  # by task: who last lost its lease, when
         self.penalized_until: dict[str, float] = dict.fromkeys(RATES, -math.inf)
 
     # -- reading the model
@@ -345,14 +345,16 @@ class Model:
         task.outcomes[-1] = AttemptOutcome.LEASE_EXPIRED
         task.expiries += 1
         worker, began = task.worker or "", task.started[-1]
-        beside = sum(1 for lost in self.lost_by[worker] if lost > began) + sum(
+        beside = sum(
+            1 for i, (by, at) in self.lost.items() if i != task.id and by == worker and at > began
+        ) + sum(
             1
             for other in self.tasks.values()
             if other.id != task.id
             and other.state is TaskState.RUNNING
             and other.worker == task.worker
         )
-        self.lost_by[worker].append(now)
+        self.lost[task.id] = (worker, now)
         if beside:  # its worker died running others too: it runs alone next, uncharged
             task.solo, task.attempt_base = True, task.attempt_base + 1
             self.requeue(task, now, LEASE_EXPIRED)

@@ -317,3 +317,49 @@ async def test_each_outcome_is_one_info_line(caplog: pytest.LogCaptureFixture) -
     assert len(lines) == 2
     assert lines[0].startswith("task 1 flaky a attempt 1: blip (transient), retry in")
     assert lines[1].startswith("task 1 flaky a: succeeded in") and "(attempt 2)" in lines[1]
+
+
+async def test_a_cancel_hook_that_fails_leaves_the_job_checked_on() -> None:
+    """Whatever a cancel hook raises (here: the vendor refuses to cancel), the job may still
+    run: the task keeps waiting with its ticket, and no second job is submitted."""
+    vendor = Vendor()
+    app = remote_app(vendor)
+
+    @app.definition("render").cancel
+    async def refuse(ctx: hr.Context, job: str) -> None:
+        raise hr.Fatal("this vendor cannot cancel a job", code="cannot_cancel")
+
+    async with app:
+        task_id = await app.definition("render").submit("clip")
+        worker = hr.Worker(app, slots=1)
+        running = asyncio.create_task(worker.run())
+        await asyncio.sleep(30.0)
+        record = await app.store.get(task_id)
+        assert (record.state, record.error_code) == (TaskState.WAITING, "remote_timeout")
+        vendor.done.add("job-1")
+        await wait_for(lambda: worker.stats.succeeded == 1)
+        worker.stop()
+        await running
+    assert len(vendor.submitted) == 1
+
+
+async def test_only_a_poller_saying_the_job_failed_leads_to_a_new_job() -> None:
+    """A check failing with any code, even one that reads like a timeout, keeps the job."""
+    vendor = Vendor()
+    app = hr.App("memory://")
+    checks: list[float] = []
+
+    async def flaky_check(ctx: hr.Context, job: str) -> hr.Result | hr.Pending:
+        checks.append(now())
+        if len(checks) < 3:
+            raise hr.Transient("status call timed out", code="remote_timeout")
+        return hr.Result()
+
+    @app.task(poll=flaky_check)
+    async def render(ctx: hr.Context, ref: str) -> hr.RemoteWait:
+        return ctx.await_remote(vendor.submit(ctx.idempotency_key), every="1s")
+
+    async with app:
+        await render.submit("clip")
+        stats = await hr.Worker(app).drain()
+    assert len(vendor.submitted) == 1 and stats.succeeded == 1 and len(checks) == 3

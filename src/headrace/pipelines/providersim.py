@@ -161,7 +161,7 @@ class SimReply:
 
 def parse_inject(value: str | Iterable[str]) -> frozenset[str]:
     """Fault names from `"ratelimit,flaky"` or an iterable; an unknown name is a ConfigError
-    (a ValueError) that names it. Known: ratelimit, auth, flaky, videofail."""
+    (a ValueError) that names it. Known: ratelimit, auth, flaky, videofail, slowsubmit."""
     names = value.split(",") if isinstance(value, str) else value
     chosen = frozenset(name.strip() for name in names if name.strip())
     for name in sorted(chosen):

@@ -11,7 +11,9 @@ again. A job that outlived its timeout is cancelled through the hook when the st
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import logging
 from typing import TYPE_CHECKING
 
 from headrace.policy.errors import ConfigError, Fatal, RemoteFailed, TaskFailure, Transient
@@ -23,6 +25,8 @@ if TYPE_CHECKING:
     from headrace.runtime.app import TaskDefinition
     from headrace.runtime.context import Context
 
+log = logging.getLogger("headrace.worker")
+
 REMOTE_TIMEOUT = "remote_timeout"
 DEFAULT_POLL_EVERY = 1.0
 
@@ -30,7 +34,7 @@ DEFAULT_POLL_EVERY = 1.0
 def settled(failure: TaskFailure) -> bool:
     """Whether a failure raised while checking a job says how the job ended (so a new job may
     be submitted), rather than that the check itself failed."""
-    return isinstance(failure, RemoteFailed | Fatal)
+    return isinstance(failure, RemoteFailed | Fatal | Cancelled)
 
 
 async def check(definition: TaskDefinition, ctx: Context, limit: float | None) -> Outcome:
@@ -52,13 +56,28 @@ async def check(definition: TaskDefinition, ctx: Context, limit: float | None) -
     every = answer.delay if answer.delay is not None else task.poll_every or DEFAULT_POLL_EVERY
     if task.remote_deadline is None or ctx.now < task.remote_deadline:
         return PollAgain(every)
-    if definition.canceller is None:
+    if definition.canceller is None or not await cancelled(definition, ctx, limit):
         return PollAgain(every, code=REMOTE_TIMEOUT)  # unknown still: keep it, keep polling
-    cancel = definition.canceller
-    await call(
-        cancel, ctx, task.remote_id, is_async=inspect.iscoroutinefunction(cancel), limit=limit
-    )
-    raise Transient("the remote job outlived its timeout and was cancelled", code=REMOTE_TIMEOUT)
+    raise Cancelled("the remote job outlived its timeout and was cancelled", code=REMOTE_TIMEOUT)
+
+
+class Cancelled(Transient):
+    """The stage's cancel hook stopped a job that outlived its timeout: a new one may be tried."""
+
+
+async def cancelled(definition: TaskDefinition, ctx: Context, limit: float | None) -> bool:
+    """Whether the stage's cancel hook stopped the task's remote job; whatever it raised, the
+    job may still run."""
+    cancel, job = definition.canceller, ctx.task.remote_id
+    assert cancel is not None and job is not None
+    try:
+        await call(cancel, ctx, job, is_async=inspect.iscoroutinefunction(cancel), limit=limit)
+    except asyncio.CancelledError:
+        raise
+    except Exception as error:
+        log.warning("task %s: remote job not cancelled (%s); checking it again", ctx.task.id, error)
+        return False
+    return True
 
 
 def check_failed(failure: TaskFailure, ctx: Context) -> PollAgain:

@@ -380,7 +380,9 @@ class Worker:
             # Renewals stop here, not when the asyncio task's done-callback runs later.
             self._leases.pop(lease.task_id, None)
         self._count(outcome)
-        log.log(_level(outcome), "%s", describe(lease, outcome, took))
+        level = _level(outcome)
+        if log.isEnabledFor(level):  # a line per outcome: built only when it is written
+            log.log(level, "%s", describe(lease, outcome, took))
         if _may_free_work(lease, outcome):
             self.app.notify()
 
@@ -453,7 +455,7 @@ class Worker:
         try:
             outcome = await remote.check(definition, ctx, self._limit(definition))
         except TaskFailure as failure:
-            if remote.settled(failure) or failure.code == remote.REMOTE_TIMEOUT:
+            if remote.settled(failure):
                 outcome = self._failed(lease, definition, failure)  # a new job may be tried
             else:
                 outcome = remote.check_failed(failure, ctx)  # the job's outcome still unknown
@@ -566,7 +568,8 @@ def describe(lease: Lease, outcome: Outcome, took: float) -> str:
     task = lease.task
     head = f"task {task.id} {task.kind} {redact(task.ref, limit=80)}"
     if isinstance(outcome, Succeeded):
-        made = f", {len(outcome.successors)} successors" if outcome.successors else ""
+        count = len(outcome.successors)
+        made = f", {count} successor{'s' if count != 1 else ''}" if count else ""
         return f"{head}: succeeded in {took:.3f}s (attempt {task.attempt}){made}"
     if isinstance(outcome, AwaitRemote):
         return f"{head}: waiting on remote job {redact(outcome.remote_id, limit=80)}"

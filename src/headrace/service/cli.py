@@ -82,7 +82,9 @@ def main(verbose: int, log_format: str) -> None:
 @main.command()
 @click.option("--db", help="Store URL or SQLite file (default: a new file in a temp dir).")
 @click.option("--window", default="6s", show_default=True, help="Quota window ('60s' is real).")
-@click.option("--inject", default="", help="Provider faults: ratelimit, auth, flaky, videofail.")
+@click.option(
+    "--inject", default="", help="Provider faults: ratelimit, auth, flaky, videofail, slowsubmit."
+)
 @click.option("--episodes", default=5, show_default=True, type=click.IntRange(1, 50))
 @click.option("--shots", default=6, show_default=True, type=click.IntRange(1, 40))
 @click.option("--slots", default=4, show_default=True, type=click.IntRange(1, 256))
@@ -258,7 +260,9 @@ def status_command(
 @click.option("--port", default=8090, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--window", default="6s", show_default=True, help="Quota window ('60s' is real).")
 @click.option(
-    "--inject", default="", help="Faults: ratelimit, auth, flaky, videofail (comma-separated)."
+    "--inject",
+    default="",
+    help="Faults: ratelimit, auth, flaky, videofail, slowsubmit (comma-separated).",
 )
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option(

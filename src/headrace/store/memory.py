@@ -86,7 +86,7 @@ class MemoryStore:
         self._running: set[int] = set()
         self._waiting: set[int] = set()
         self._ledger: dict[tuple[str, str], float] = defaultdict(float)
-        self._lost_by: dict[str, list[float]] = defaultdict(list)  # when each worker lost leases
+        self._lost: dict[int, tuple[str, float]] = {}  # by task: who last lost its lease, when
 
     # -- lifecycle
 
@@ -639,13 +639,14 @@ class MemoryStore:
         error = AttemptError.of(ErrorClass.TRANSIENT, LEASE_EXPIRED, "worker lost its lease")
         history = self._attempts[task.id]
         history[-1] = _ended(history[-1], now, AttemptOutcome.LEASE_EXPIRED, error)
-        # Its worker's other attempts still open, or lost since this one began: it died beside
-        # them (a worker's name may be reused by a later process: older losses do not count).
+        # Its worker's other tasks still running, or lost after this attempt began: it died
+        # beside them (a worker's name may be reused by a later process: older losses do not
+        # count).
         worker, began = task.worker or "", history[-1].started_at
-        beside = sum(1 for lost in self._lost_by[worker] if lost > began) + sum(
-            1 for i in self._running if i != task.id and self._tasks[i].worker == worker
-        )
-        self._lost_by[worker].append(now)
+        beside = sum(
+            1 for i, (by, at) in self._lost.items() if i != task.id and by == worker and at > began
+        ) + sum(1 for i in self._running if i != task.id and self._tasks[i].worker == worker)
+        self._lost[task.id] = (worker, now)
         task = replace(task, expiries=task.expiries + 1)
         found = poison.verdict(
             alone=not beside,

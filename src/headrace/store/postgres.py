@@ -749,10 +749,19 @@ class _GateRows:
         if clock:
             await self._tx.read_clock(time)
 
-    def take(self, rows: Iterable[DictRow]) -> None:
+    def take(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Gate rows this transaction has just locked."""
         for found in rows:
             self.states[found["name"]] = _gate_state(found)
+
+    async def make(self, names: Sequence[str]) -> bool:
+        """Rows for gates used for the first time (another writer may be making them too);
+        whether any was missing."""
+        found = await self._tx.rows("missing_gates", names=list(names))
+        missing = [row["name"] for row in found]
+        if missing:
+            await self._tx.run("add_gates", names=missing)
+        return bool(missing)
 
     def get(self, name: str) -> GateState:
         return self.states[name]
@@ -1144,38 +1153,21 @@ class _Transaction:
         self, kinds: list[str] | None, excluded: set[str], limit: int
     ) -> AsyncGenerator[list[TaskRecord], None]:
         """Ready tasks due now in (tier, tag, id) order, a batch at a time (the first just big
-        enough for `limit`, then growing): each batch's gates locked first, then its tasks whose
-        gates this claim holds. Handed out whole rounds at a time: a run of equal (tier, tag)
-        is never split, so `take_turns` sees each round entire. Gate keys in `excluded`
-        (refused so far) are left out of later batches."""
+        enough for `limit`, then growing): in one statement, each batch's gates are locked
+        first, then its tasks whose gates this claim holds. Handed out whole rounds at a time:
+        a run of equal (tier, tag) is never split, so `take_turns` sees each round entire. Gate
+        keys in `excluded` (refused so far) are left out of later batches."""
         after: tuple[int, float, int] = (-1, 0.0, 0)
         size = min(CLAIM_BATCH, 2 * limit + 8)
         held: list[TaskRecord] = []
-        filters = {"kinds": kinds}
         while True:
-            refused = sorted(excluded)
-            batch = {"tier": after[0], "tag": after[1], "id": after[2], "refused": refused}
-            peeked, last = await self.lock_batch_gates({**filters, **batch}, size)
-            if last is None:  # nothing left
-                if held:
-                    yield held
-                return
-            found = await self.rows(
-                "ready_candidates",
-                **filters,
-                **batch,
-                last_tier=last[0],
-                last_tag=last[1],
-                last_id=last[2],
-                held=sorted(self.gates.states),
-            )
-            for row in found:  # when each flow was last served, read with the candidates
-                self._served.setdefault(row["flow"], int(row["flow_served"]))
-            tasks = [_record(row) for row in found]
+            batch = {"tier": after[0], "tag": after[1], "id": after[2], "kinds": kinds}
+            peeked, last, tasks = await self.claim_batch(batch, sorted(excluded), size)
             if peeked < size:
                 if held or tasks:
                     yield held + tasks
                 return
+            assert last is not None
             after = last
             size = min(CLAIM_BATCH, size * 4)
             if not (held or tasks):  # every task of the batch held by others, or refused
@@ -1184,31 +1176,42 @@ class _Transaction:
             if whole:
                 yield whole
 
-    async def lock_batch_gates(
-        self, params: dict[str, object], size: int
-    ) -> tuple[int, tuple[int, float, int] | None]:
-        """Lock the gates of the next `size` candidates (read, not locked); the first time, read
-        the clock once they are held. Return how many candidates there were and the last one's
-        (tier, tag, id)."""
-        first = not self.gates.states and not self.gates.busy
-        top = max(self.gates.states, default="")
-        sent = await self.send(
-            "lock_candidate_gates", **params, batch=size, held=sorted(self.gates.states), top=top
-        )
-        time = await self.send_clock() if first else None
-        rows = await sent.fetchall()
-        if first:
-            await self.read_clock(time)
-        self.gates.take(row for row in rows if row["name"] is not None)
-        # A gate first used, or one named before `top` (taken only if free): the slow path.
-        others = [row["wanted"] for row in rows if row["wanted"] and row["name"] is None]
-        if others:
-            await self.gates.lock(others, or_skip=True)
-        edge = rows[0] if rows else None
-        if edge is None or edge["last_id"] is None:
-            return 0, None
+    async def claim_batch(
+        self, batch: Mapping[str, object], refused: list[str], size: int
+    ) -> tuple[int, tuple[int, float, int] | None, list[TaskRecord]]:
+        """The next batch of up to `size` candidates: its gates locked (the first time, the
+        clock read once they are held), then those of its tasks whose gates are all held.
+        Returns how many tasks the batch had, the last one's (tier, tag, id) and the tasks
+        taken. A gate used for the first time has no row to lock yet: it is made, and the
+        batch read again."""
+        for _ in range(2):
+            first = not self.gates.states and not self.gates.busy
+            sent = await self.send(
+                "claim_batch",
+                **batch,
+                refused=refused,
+                batch=size,
+                held=sorted(self.gates.states),
+                top=max(self.gates.states, default=""),
+            )
+            time = await self.send_clock() if first else None
+            rows = await sent.fetchall()
+            if first:
+                await self.read_clock(time)
+            edge = rows[0]
+            self.gates.take(edge["gate_rows"])
+            others = [name for name in edge["wanted"] if name not in self.gates.states]
+            if not others or not await self.gates.make(others):
+                self.gates.busy.update(others)  # another claim holds them: its tasks are its
+                break
+        for row in rows:  # when each flow was last served, read with the candidates
+            if row["id"] is not None:
+                self._served.setdefault(row["flow"], int(row["flow_served"]))
+        tasks = [_record(row) for row in rows if row["id"] is not None]
+        if edge["last_id"] is None:
+            return 0, None, tasks
         last = (int(edge["last_tier"]), float(edge["last_tag"]), int(edge["last_id"]))
-        return int(edge["peeked"]), last
+        return int(edge["peeked"]), last, tasks
 
     def admit(
         self,
@@ -1930,7 +1933,7 @@ def _attempt(row: DictRow) -> Attempt:
     )
 
 
-def _gate_state(row: DictRow) -> GateState:
+def _gate_state(row: Mapping[str, Any]) -> GateState:
     penalized_until = row["penalized_until"]
     return GateState(
         in_flight=row["in_flight"],

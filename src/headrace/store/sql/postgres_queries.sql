@@ -245,24 +245,32 @@ ORDER BY id
 FOR UPDATE SKIP LOCKED;
 
 -- name: count_expiry
--- Count one more lease a task's worker lost.
-UPDATE tasks SET expiries = expiries + 1 WHERE id = %(id)s::bigint;
+-- Count one more lease a task's worker lost, and say who lost it when.
+UPDATE tasks
+SET expiries = expiries + 1, lost_by = worker, lost_at = %(now)s::double precision
+WHERE id = %(id)s::bigint;
 
 -- name: requeue_expired
 -- A lost lease makes the task ready again at once (`solo`: to run alone, that attempt uncounted).
 UPDATE tasks
 SET state = 'ready', run_at = %(now)s::double precision, worker = NULL, lease_until = NULL,
     error_code = %(code)s::text, expiries = expiries + 1, solo = solo OR %(solo)s::boolean,
-    attempt_base = attempt_base + %(solo)s::boolean::integer
+    attempt_base = attempt_base + %(solo)s::boolean::integer,
+    lost_by = worker, lost_at = %(now)s::double precision
 WHERE id = %(id)s::bigint;
 
 -- name: crash_companions
--- How many other attempts a worker still runs, or lost since a task's attempt began (after it).
-SELECT count(*) AS n FROM attempts
-WHERE worker = %(worker)s::text AND task_id <> %(task_id)s::bigint
-  AND (outcome = 'running' OR (outcome = 'lease_expired' AND ended_at > (
-      SELECT started_at FROM attempts
-      WHERE task_id = %(task_id)s::bigint AND number = %(number)s::integer)));
+-- How many other tasks a worker still runs, or lost after a task's attempt began (which it lost).
+SELECT (
+    SELECT count(*) FROM tasks
+    WHERE state = 'running' AND worker = %(worker)s::text AND id <> %(task_id)s::bigint
+) + (
+    SELECT count(*) FROM tasks
+    WHERE lost_by = %(worker)s::text AND id <> %(task_id)s::bigint AND lost_at > (
+        SELECT started_at FROM attempts
+        WHERE task_id = %(task_id)s::bigint AND number = %(number)s::integer
+    )
+) AS n;
 
 -- name: aging_candidates
 -- Ready tasks below the ceiling that may have waited an aging step (aged_tier decides).
@@ -286,6 +294,7 @@ SELECT c.now,
        -- the candidates walk the claim-order index, never sort the whole queue (before ANALYZE
        -- has seen a burst, the planner would); kept for the rest of the claim
        set_config('enable_sort', 'off', true) AS sort,
+       set_config('enable_incremental_sort', 'off', true) AS incremental_sort,
        set_config('enable_bitmapscan', 'off', true) AS bitmapscan,
        -- its later statements' plans are made once per connection, not at every claim
        set_config('plan_cache_mode', 'force_generic_plan', true) AS plans,
@@ -300,8 +309,8 @@ FROM (
     )::double precision AS now
 ) AS c;
 
--- name: lock_candidate_gates
--- The next claim batch's range read unlocked, and its gates locked in name order (waiting) first.
+-- name: claim_batch
+-- One claim batch: its range read unlocked, its gates locked in name order (waiting), then its tasks whose gates the claim holds, locked.
 WITH peek AS MATERIALIZED (  -- the batch's tasks, not locked: only their range and gates
     SELECT t.tier, t.tag, t.id, t.gates FROM tasks AS t
     WHERE t.state = 'ready'
@@ -314,36 +323,48 @@ WITH peek AS MATERIALIZED (  -- the batch's tasks, not locked: only their range 
 ), wanted AS (
     SELECT DISTINCT g.name FROM peek, unnest(peek.gates) AS g (name)
     WHERE g.name <> ALL(%(held)s::text[])
-), locked AS MATERIALIZED (  -- only after every gate held so far (`top`): no deadlock
+), waited AS MATERIALIZED (  -- waited for only after every gate held (`top`): no deadlock
     SELECT * FROM gates
     WHERE name IN (SELECT name FROM wanted) AND name COLLATE "C" > %(top)s::text COLLATE "C"
     ORDER BY name COLLATE "C"
     FOR UPDATE
-), edge AS (  -- how many tasks the batch holds, and its last (tier, tag, id)
-    SELECT (SELECT count(*) FROM peek) AS peeked, last.tier, last.tag, last.id
+), tried AS MATERIALIZED (  -- a gate named before one held: taken only if free
+    SELECT * FROM gates
+    WHERE name IN (SELECT name FROM wanted) AND name COLLATE "C" <= %(top)s::text COLLATE "C"
+    ORDER BY name COLLATE "C"
+    FOR UPDATE SKIP LOCKED
+), locked AS (
+    SELECT * FROM waited UNION ALL SELECT * FROM tried
+), edge AS (  -- how many tasks the batch holds, its last (tier, tag, id), the gates it got
+    SELECT (SELECT count(*) FROM peek) AS peeked, last.tier AS last_tier,
+           last.tag AS last_tag, last.id AS last_id,
+           (SELECT coalesce(jsonb_agg(to_jsonb(l)), '[]') FROM locked AS l) AS gate_rows,
+           ARRAY(SELECT name FROM wanted) AS wanted,
+           ARRAY(SELECT name FROM locked) || %(held)s::text[] AS allowed
     FROM (SELECT 1) AS one
     LEFT JOIN LATERAL (
         SELECT tier, tag, id FROM peek ORDER BY tier DESC, tag DESC, id DESC LIMIT 1
     ) AS last ON true
+), chosen AS MATERIALIZED (  -- a task whose gates another claim holds is left to it
+    SELECT t.*, f.served AS flow_served
+    FROM tasks AS t JOIN flows AS f ON f.flow = t.flow
+    WHERE t.state = 'ready'
+      AND (t.tier, t.tag, t.id) > (%(tier)s::smallint, %(tag)s::double precision, %(id)s::bigint)
+      -- the batch's end, as values (each subquery runs once): the claim-order index bounds it
+      AND (t.tier, t.tag, t.id) <= (
+          (SELECT last_tier FROM edge), (SELECT last_tag FROM edge), (SELECT last_id FROM edge)
+      )
+      AND t.run_at <= current_setting('headrace.now')::double precision
+      AND (%(kinds)s::text[] IS NULL OR t.kind = ANY(%(kinds)s::text[]))
+      AND t.gate_key <> ALL(%(refused)s::text[])
+      AND t.gates <@ (SELECT allowed FROM edge)
+    ORDER BY t.tier, t.tag, t.id
+    LIMIT %(batch)s::integer  -- walks the claim-order index, as the batch did
+    FOR UPDATE OF t SKIP LOCKED
 )
-SELECT e.peeked, e.tier AS last_tier, e.tag AS last_tag, e.id AS last_id, w.name AS wanted, l.*
-FROM edge AS e
-LEFT JOIN wanted AS w ON true
-LEFT JOIN locked AS l ON l.name = w.name;
-
--- name: ready_candidates
--- One claim batch: due ready tasks in a (tier, tag, id) range whose gates the claim holds, locked, with flows' turns.
-SELECT t.*, f.served AS flow_served FROM tasks AS t JOIN flows AS f ON f.flow = t.flow
-WHERE t.state = 'ready'
-  AND (t.tier, t.tag, t.id) > (%(tier)s::smallint, %(tag)s::double precision, %(id)s::bigint)
-  AND (t.tier, t.tag, t.id)
-      <= (%(last_tier)s::smallint, %(last_tag)s::double precision, %(last_id)s::bigint)
-  AND t.run_at <= current_setting('headrace.now')::double precision  -- set by claim_start
-  AND (%(kinds)s::text[] IS NULL OR t.kind = ANY(%(kinds)s::text[]))
-  AND t.gate_key <> ALL(%(refused)s::text[])
-  AND t.gates <@ %(held)s::text[]  -- a task whose gates another claim holds is left to it
-ORDER BY t.tier, t.tag, t.id
-FOR UPDATE OF t SKIP LOCKED;
+SELECT e.peeked, e.last_tier, e.last_tag, e.last_id, e.gate_rows, e.wanted, c.*
+FROM edge AS e LEFT JOIN chosen AS c ON true
+ORDER BY c.tier, c.tag, c.id;
 
 -- name: lease_tasks
 -- Lease ready tasks under new fencing tokens, with attempts and tickets; count them, number the turns.
@@ -416,6 +437,11 @@ DELETE FROM tickets WHERE task_id = %(task_id)s::bigint;
 INSERT INTO gates (name)
 SELECT name FROM unnest(%(names)s::text[]) AS g (name) ORDER BY name COLLATE "C"
 ON CONFLICT (name) DO NOTHING;
+
+-- name: missing_gates
+-- Which of these gates have no row yet.
+SELECT name FROM unnest(%(names)s::text[]) AS g (name)
+WHERE NOT EXISTS (SELECT 1 FROM gates WHERE gates.name = g.name);
 
 -- name: lock_gates
 -- Gate states, locked in name order until the transaction ends: waits for other writers.

@@ -42,6 +42,8 @@ CREATE TABLE tasks (
     unmet           integer          NOT NULL DEFAULT 0,  -- dependencies not yet succeeded
     attempt_base    integer          NOT NULL DEFAULT 0,  -- not counted against max_attempts
     solo            boolean          NOT NULL DEFAULT false,  -- lost a lease beside others
+    lost_by         text,              -- the worker that last lost its lease
+    lost_at         double precision,  -- when
     payload_digest  text,  -- a keyed task's payload digest (store/idempotency.py), else NULL
     remote_jobs     integer          NOT NULL DEFAULT 0  -- remote jobs it submitted that failed
 );
@@ -54,6 +56,7 @@ CREATE INDEX tasks_running_lease ON tasks (lease_until) WHERE state = 'running';
 CREATE INDEX tasks_waiting_polls ON tasks (run_at, id) WHERE state = 'waiting';
 CREATE INDEX tasks_kind_state ON tasks (kind, state);
 CREATE INDEX tasks_group_state ON tasks (grp, state);
+CREATE INDEX tasks_lost_by ON tasks (lost_by) WHERE lost_by IS NOT NULL;
 
 -- `task_id` waits on `dep_id`; kept after the outcome, so a redrive can restore dependents.
 CREATE TABLE task_deps (
@@ -118,9 +121,6 @@ CREATE TABLE attempts (
     message     text,
     PRIMARY KEY (task_id, number)
 );
-
--- Who a worker was running when it died: the reaper's question.
-CREATE INDEX attempts_worker_open ON attempts (worker) WHERE outcome IN ('running', 'lease_expired');
 
 -- Units spent by succeeded tasks, per group ('' for none) and kind.
 CREATE TABLE ledger (

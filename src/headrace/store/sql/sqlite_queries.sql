@@ -149,22 +149,28 @@ ON CONFLICT (name) DO UPDATE SET value = excluded.value;
 SELECT * FROM tasks WHERE state = 'running' AND lease_until <= :now;
 
 -- name: count_expiry
--- Count one more lease a task's worker lost.
-UPDATE tasks SET expiries = expiries + 1 WHERE id = :id;
+-- Count one more lease a task's worker lost, and say who lost it when.
+UPDATE tasks SET expiries = expiries + 1, lost_by = worker, lost_at = :now WHERE id = :id;
 
 -- name: requeue_expired
 -- A lost lease makes the task ready again at once (`solo`: to run alone, that attempt uncounted).
 UPDATE tasks
 SET state = 'ready', run_at = :now, worker = NULL, lease_until = NULL, error_code = :code,
-    expiries = expiries + 1, solo = solo OR :solo, attempt_base = attempt_base + :solo
+    expiries = expiries + 1, solo = solo OR :solo, attempt_base = attempt_base + :solo,
+    lost_by = worker, lost_at = :now
 WHERE id = :id;
 
 -- name: crash_companions
--- How many other attempts a worker still runs, or lost since a task's attempt began (after it).
-SELECT count(*) AS n FROM attempts
-WHERE worker = :worker AND task_id <> :task_id
-  AND (outcome = 'running' OR (outcome = 'lease_expired' AND ended_at > (
-      SELECT started_at FROM attempts WHERE task_id = :task_id AND number = :number)));
+-- How many other tasks a worker still runs, or lost after a task's attempt began (which it lost).
+SELECT (
+    SELECT count(*) FROM tasks
+    WHERE state = 'running' AND worker = :worker AND id <> :task_id
+) + (
+    SELECT count(*) FROM tasks
+    WHERE lost_by = :worker AND id <> :task_id AND lost_at > (
+        SELECT started_at FROM attempts WHERE task_id = :task_id AND number = :number
+    )
+) AS n;
 
 -- name: aging_candidates
 -- Ready tasks of a tier that may have waited an aging step (the caller decides with aged_tier).

@@ -35,6 +35,8 @@ CREATE TABLE tasks (
     unmet           INTEGER NOT NULL DEFAULT 0,  -- dependencies not yet succeeded
     attempt_base    INTEGER NOT NULL DEFAULT 0,  -- attempts not counted against max_attempts
     solo INTEGER NOT NULL DEFAULT 0,  -- lost a lease beside others: runs alone until it ends
+    lost_by TEXT,  -- the worker that last lost its lease
+    lost_at REAL,  -- when
     payload_digest  TEXT,  -- a keyed task's payload digest (store/idempotency.py), else NULL
     remote_jobs INTEGER NOT NULL DEFAULT 0  -- remote jobs it submitted that failed
 );
@@ -47,6 +49,7 @@ CREATE INDEX tasks_running_lease ON tasks (lease_until) WHERE state = 'running';
 CREATE INDEX tasks_waiting_polls ON tasks (run_at, id) WHERE state = 'waiting';
 CREATE INDEX tasks_kind_state ON tasks (kind, state);
 CREATE INDEX tasks_group_state ON tasks (grp, state);
+CREATE INDEX tasks_lost_by ON tasks (lost_by) WHERE lost_by IS NOT NULL;
 
 -- A row while `task_id` waits on `dep_id`; removed when `dep_id` reaches an outcome.
 CREATE TABLE task_deps (
@@ -103,9 +106,6 @@ CREATE TABLE attempts (
     message     TEXT,
     PRIMARY KEY (task_id, number)
 ) WITHOUT ROWID;
-
--- Who a worker was running when it died: the reaper's question.
-CREATE INDEX attempts_worker_open ON attempts (worker) WHERE outcome IN ('running', 'lease_expired');
 
 -- Units spent by succeeded tasks, per group ('' for none) and kind.
 CREATE TABLE ledger (
