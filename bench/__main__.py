@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from bench.contention import Contention, contention_figures
 from bench.postgres import PostgresFigures, postgres_figures
 from bench.quota import QuotaRun, quota_figures
 from bench.studio import StudioFigure, studio_figures
@@ -73,6 +74,26 @@ def quota_table(runs: list[QuotaRun]) -> Table:
     return table
 
 
+def contention_table(runs: list[Contention]) -> Table:
+    table = Table(title="Where PostgreSQL verbs wait: 10,000 no-op tasks, `headrace worker`s")
+    columns = ("processes", "tasks/s", "vs 1 process", "waiting on a lock", "of it in lease_tasks")
+    for column in (*columns, "most sampled"):
+        table.add_column(column, justify="left" if column == "most sampled" else "right")
+    one = runs[0]
+    for run in runs:
+        in_lease = run.waits.get("lock in claim: lease (meta, flows)", 0.0)
+        top = ", ".join(f"{kind} {share:.0%}" for kind, share in list(run.waits.items())[:3])
+        table.add_row(
+            str(run.processes),
+            f"{run.tasks_per_s:,.0f}",
+            f"{run.tasks_per_s / one.tasks_per_s:.2f}",
+            f"{run.lock_share:.1%}",
+            f"{in_lease:.1%}",
+            top,
+        )
+    return table
+
+
 def postgres_tables(figures: PostgresFigures) -> list[Table]:
     rates = Table(title="No-op tasks per second, one worker of 16 slots (real time, PostgreSQL)")
     for column in ("case", "tasks", "seconds", "tasks/s", "vs procrastinate"):
@@ -130,6 +151,9 @@ def main() -> None:
     quota = [] if args.no_quota else quota_figures(postgres=not args.no_postgres)
     if quota:
         console.print(quota_table(quota))
+    contention = [] if args.no_postgres else contention_figures()
+    if contention:
+        console.print(contention_table(contention))
     results = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
@@ -139,6 +163,7 @@ def main() -> None:
         "throughput": [asdict(f) for f in throughput],
         "postgres": asdict(postgres) if postgres is not None else None,
         "quota": [{**asdict(run), "ratio": round(run.ratio, 4)} for run in quota],
+        "contention": [asdict(run) for run in contention],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -39,6 +39,7 @@ STATEMENTS = (
     ("claim: tasks", "FOR UPDATE OF t SKIP LOCKED"),
     ("claim: lease (meta, flows)", "counted AS ("),
     ("claim: start", "headrace.now"),
+    ("clock", "clock_timestamp()"),
     ("claim: flows", "FROM flows WHERE flow = ANY"),
     ("outcome: lock", "WITH RECURSIVE tree"),
     ("outcome: write", "WITH done AS"),
@@ -69,8 +70,11 @@ def statement(query: str) -> str:
 
 
 def classify(state: str, wait_type: str | None, query: str) -> str:
-    if state == "idle in transaction":
-        return "client (between statements)"
+    """What a sampled connection is doing: waiting for its worker's next message inside a
+    transaction ("client": the worker's CPU and the loopback), waiting on a lock (by
+    statement), running a statement, or another wait (I/O, an internal lock)."""
+    if state == "idle in transaction" or wait_type == "Client":
+        return "client"
     if wait_type == "Lock":
         return f"lock in {statement(query)}"
     if wait_type in (None, "", "CPU"):

@@ -30,6 +30,7 @@ import psycopg
 from psycopg import sql
 
 from bench import quota_app
+from headrace.pipelines.providersim import most_in_a_window
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER = "postgresql://postgres@127.0.0.1:5432/test"
@@ -189,11 +190,6 @@ def run_workers(url: str, provider: str) -> list[tuple[float, bool]]:
             stop(worker)
 
 
-def most_in_a_window(times: list[float]) -> int:
-    ordered = sorted(times)
-    return max(sum(1 for t in ordered if s <= t < s + quota_app.WINDOW) for s in ordered)
-
-
 def quota_run(backend: str, loaded: bool) -> QuotaRun:
     case = f"headrace-{backend}, 4 processes{', a core busy' if loaded else ''}"
     with store_url(backend) as url, simulator() as provider, busy_core(loaded):
@@ -207,7 +203,7 @@ def quota_run(backend: str, loaded: bool) -> QuotaRun:
         case,
         len(accepted),
         len(seen) - len(accepted),
-        most_in_a_window(accepted),
+        most_in_a_window(accepted, quota_app.WINDOW),
         int(figures["max_concurrent"]),
         round(makespan, 2),
         round(ideal_makespan(lengths), 2),

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from headrace.pipelines.providersim import most_in_a_window
 from tests.integration import fleet_app
 
 from .postgres import fresh_schema
@@ -82,11 +83,6 @@ def arrivals(simulator: Simulator) -> list[tuple[float, bool]]:
     with urllib.request.urlopen(f"{simulator.url}/sim/arrivals", timeout=5) as response:
         found: dict[str, list[tuple[float, bool]]] = json.load(response)
     return [(float(at), bool(accepted)) for at, accepted in found["image"]]
-
-
-def most_in_a_window(times: list[float], window: float) -> int:
-    ordered = sorted(times)
-    return max(sum(1 for other in ordered if start <= other < start + window) for start in ordered)
 
 
 @pytest.mark.timeout(240)

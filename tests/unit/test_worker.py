@@ -553,3 +553,41 @@ async def test_drain_waits_only_for_its_own_kinds() -> None:
         counts = await store.counts()
     assert counts[TaskState.SUCCEEDED] == 1
     assert counts[TaskState.READY] == 1
+
+
+class CountingStore(MemoryStore):
+    """A memory store that records when each claim happened."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claims: list[float] = []
+
+    async def claim(self, *args: Any, **kwargs: Any) -> ClaimResult:
+        self.claims.append(asyncio.get_running_loop().time())
+        return await super().claim(*args, **kwargs)
+
+
+async def test_an_outcome_that_frees_nothing_costs_no_claim_and_one_that_does_wakes_at_once() -> (
+    None
+):
+    store = CountingStore()
+    app = hr.App("memory://", store=store)
+    started: dict[str, float] = {}
+
+    @app.task()
+    async def work(ctx: hr.Context, ref: str) -> None:
+        started[ref] = now()
+        await asyncio.sleep(1.0)
+
+    async with app:
+        first = await work.submit("alone")
+        await work.submit("after", key="after", after=[first])
+        worker = hr.Worker(app, slots=2, idle="10s")
+        running = asyncio.create_task(worker.run())
+        await asyncio.sleep(30.0)
+        worker.stop()
+        await running
+    assert started == {"alone": 0.0, "after": 1.0}  # the dependent starts when it may
+    # Claims: at the start, when "alone" made "after" ready, and on the idle timer; none for
+    # the outcome of "after", which freed nothing.
+    assert [t for t in store.claims if 2.0 <= t < 10.0] == []

@@ -231,6 +231,13 @@ class _Job:
     fails: bool
 
 
+def most_in_a_window(times: Iterable[float], window: float) -> int:
+    """The most of `times` in any window `[t, t + window)`, as a vendor counting arrivals
+    would see them (what a test judges the referee's arrival log with)."""
+    ordered = sorted(times)
+    return max((sum(1 for t in ordered if s <= t < s + window) for s in ordered), default=0)
+
+
 def _check_quotas(quotas: Mapping[str, Quota]) -> Mapping[str, Quota]:
     if set(quotas) != set(PROVIDERS):
         raise ConfigError(f"quotas: expected exactly {', '.join(PROVIDERS)}, got {sorted(quotas)}")

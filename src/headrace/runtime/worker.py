@@ -383,8 +383,8 @@ class Worker:
         level = _level(outcome)
         if log.isEnabledFor(level):  # a line per outcome: built only when it is written
             log.log(level, "%s", describe(lease, outcome, took))
-        if _may_free_work(lease, outcome):
-            self.app.notify()
+        # No wake-up from here: the store's own wait_for_work returns when a write made work
+        # claimable (a ticket back, a task ready), so an outcome that freed nothing costs no claim.
 
     def _count(self, outcome: Outcome) -> None:
         if isinstance(outcome, Succeeded):
@@ -545,16 +545,6 @@ def _refused(error: ConfigError) -> Dead:
     with another payload): no attempt can do better, so the task is dead, saying why."""
     code = re.sub(r"(?<!^)(?=[A-Z])", "_", type(error).__name__).lower()
     return Dead(AttemptError.of(ErrorClass.FATAL, f"outcome_refused:{code}", str(error)))
-
-
-def _may_free_work(lease: Lease, outcome: Outcome) -> bool:
-    """Whether an outcome may have made work claimable for this process's idle workers: tickets
-    returned, successors created, dependents unblocked (a success may have some)."""
-    if isinstance(outcome, Succeeded):
-        return True
-    if isinstance(outcome, Retry | Dead):
-        return bool(lease.task.gates)
-    return False  # a remote wait keeps its tickets; a poll again changes nothing claimable
 
 
 def _level(outcome: Outcome) -> int:

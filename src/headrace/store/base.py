@@ -39,7 +39,9 @@ class Store(Protocol):
 
     # `timeout` is the poll fallback, not a failure: the wait ends quietly when it is spent.
     async def wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
-        """Return once new work may be claimable (a submit, a release), or after `timeout`."""
+        """Return once new work may be claimable, or after `timeout`: a write by any process,
+        this one included, that made a task ready or returned a ticket since this store's last
+        claim or wait (an outcome that freed nothing wakes no one)."""
         ...
 
     async def submit(

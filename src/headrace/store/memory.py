@@ -7,6 +7,7 @@ holds them to it); its time is the running event loop's clock unless a clock is 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 from collections import defaultdict
@@ -86,6 +87,7 @@ class MemoryStore:
         self._running: set[int] = set()
         self._waiting: set[int] = set()
         self._ledger: dict[tuple[str, str], float] = defaultdict(float)
+        self._woken = asyncio.Event()  # set when work may have become claimable
         self._lost: dict[int, tuple[str, float]] = {}  # by task: who last lost its lease, when
 
     # -- lifecycle
@@ -101,7 +103,11 @@ class MemoryStore:
         return self.clock.now()
 
     async def wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
-        await asyncio.sleep(timeout)  # nothing to listen to: a plain poll
+        """Return once a write made a task ready or returned a ticket since the last claim or
+        wait, or after `timeout`."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._woken.wait(), timeout)
+        self._woken.clear()  # seen: the next wait waits for something newer
 
     # -- submission
 
@@ -211,6 +217,7 @@ class MemoryStore:
             or (old.tier, old.run_at) != (record.tier, record.run_at)
         ):
             self._enqueue(record)
+            self._woken.set()
 
     def _enqueue(self, task: TaskRecord) -> None:
         if task.run_at > self.clock.now():
@@ -243,6 +250,7 @@ class MemoryStore:
         kinds: Collection[str] | None = None,
         alone: bool = True,
     ) -> ClaimResult:
+        self._woken.clear()  # this claim sees everything written before it
         now = self.clock.now()
         self._reap(now)
         self._age(now)
@@ -534,6 +542,7 @@ class MemoryStore:
         self._stamp_starts(task_id, now)  # never stamped: counts from the outcome
         for name in self._tickets.pop(task_id, {}):
             self._gates[name] = gating.release(self._gate_state(name))
+            self._woken.set()  # a ticket back: a task its gate refused may go now
 
     def _penalize(self, names: Sequence[str], now: float) -> None:
         for name in names:

@@ -102,6 +102,8 @@ class SQLiteStore:
         self._executor: ThreadPoolExecutor | None = None
         self._connection: sqlite3.Connection | None = None
         self._data_version = 0
+        self._woke = False  # set on the store's thread by a write that may free work
+        self._woken = asyncio.Event()  # ... and passed on to waiters by the event loop
 
     @classmethod
     def from_url(
@@ -139,14 +141,19 @@ class SQLiteStore:
         return self.clock.now()
 
     async def wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
-        """SQLite has no notices, but another connection's commit changes the file's data
-        version: look at it every few milliseconds until `timeout`."""
+        """Return once a write of this store made work claimable since the last claim, or
+        another connection committed (SQLite has no notices, but such a commit changes the
+        file's data version: it is looked at every few milliseconds), or after `timeout`."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while (left := deadline - loop.time()) > 0:
+            if self._woken.is_set():
+                self._woken.clear()  # seen: the next wait waits for something newer
+                return
             if await self._in_thread(self._changed_elsewhere):
                 return
-            await asyncio.sleep(min(DATA_VERSION_POLL, left))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._woken.wait(), min(DATA_VERSION_POLL, left))
 
     # -- submission
 
@@ -168,6 +175,7 @@ class SQLiteStore:
         alone: bool = True,
     ) -> ClaimResult:
         wanted = _kinds_json(kinds)
+        self._woken.clear()  # this claim sees everything written before it
         return await self._write(lambda tx: tx.claim(worker, limit, lease_for, wanted, alone))
 
     async def claim_polls(
@@ -253,7 +261,11 @@ class SQLiteStore:
     # -- the worker thread
 
     async def _write(self, verb: Callable[[_Transaction], T]) -> T:
-        return await self._in_thread(lambda: self._transact("begin_write", verb))
+        result = await self._in_thread(lambda: self._transact("begin_write", verb))
+        if self._woke:  # committed: this process's idle workers may claim
+            self._woke = False
+            self._woken.set()
+        return result
 
     async def _read(self, verb: Callable[[_Transaction], T]) -> T:
         return await self._in_thread(lambda: self._transact("begin_read", verb))
@@ -283,8 +295,10 @@ class SQLiteStore:
         def work(conn: sqlite3.Connection) -> T:
             # The clock is read once the lock is held, so times follow the commit order.
             now = self.clock.now()
-            result = verb(_Transaction(conn, self._queries, self._configs, self.settings, now))
+            tx = _Transaction(conn, self._queries, self._configs, self.settings, now)
+            result = verb(tx)
             self._data_version = self._read_data_version(conn)
+            self._woke = self._woke or tx.wake
             return result
 
         return in_transaction(connection, self._queries, begin, work)
@@ -401,6 +415,7 @@ class _Transaction:
         self.configs = configs
         self.settings = settings
         self.now = now
+        self.wake = False  # this transaction may have made work claimable
         self._virtual_time: float | None = None
         self._dispatches: int | None = None
         self._served: dict[str, int] = {}
@@ -502,6 +517,7 @@ class _Transaction:
         if inserted is None:
             return self.key_taken(task, digest)
         task_id = int(inserted["id"])
+        self.wake = self.wake or not unmet
         self.run("save_flow_finish", flow=task.flow, finish=tagged.flow_finish)
         self.run_many("insert_dependency", ({"dep_id": d, "task_id": task_id} for d in unmet))
         if any(states[dep] in (TaskState.DEAD, TaskState.CANCELLED) for dep in unmet):
@@ -666,6 +682,7 @@ class _Transaction:
         for held in self.rows("ticket_counts", task_id=task_id):
             name = held["gate"]
             self.save_gate(name, gating.release(self.gate_state(name), held["n"]))
+            self.wake = True  # a ticket back: a task its gate refused may go now
         self.run("delete_tickets", task_id=task_id)
 
     def penalize(self, names: Sequence[str]) -> None:
@@ -735,7 +752,8 @@ class _Transaction:
         units = outcome.cost if outcome.cost is not None else task.cost
         self.run("add_to_ledger", grp=task.group or "", kind=task.kind, units=units)
         self.create(outcome.successors, planned)
-        self.run("unblock_dependents", dep_id=task.id)
+        unblocked = self._execute("unblock_dependents", {"dep_id": task.id}).rowcount
+        self.wake = self.wake or unblocked > 0
 
     def retry(self, task: TaskRecord, outcome: Retry) -> None:
         self.penalize(outcome.penalize)
@@ -743,6 +761,7 @@ class _Transaction:
         self.release(task.id)
         run_at = self.now + outcome.delay
         self.run("mark_retry", id=task.id, run_at=run_at, code=outcome.error.code)
+        self.wake = True
 
     def die(self, task: TaskRecord, outcome: Dead) -> None:
         self.penalize(outcome.penalize)
@@ -795,6 +814,7 @@ class _Transaction:
         redriven = []
         for found in self.rows("dead_letters", ids=ids, grp=group, kind=kind):
             if self.row("redrive_task", id=found["id"]) is not None:
+                self.wake = True
                 redriven.append(int(found["id"]))
                 self.restore_dependents(int(found["id"]))
         return redriven
@@ -852,6 +872,7 @@ class _Transaction:
             return
         self.release(task.id)
         self.run("requeue_expired", id=task.id, code=LEASE_EXPIRED, solo=found is Expiry.SOLO)
+        self.wake = True
 
     # -- reading
 
