@@ -3,9 +3,11 @@
 It never sleeps inside a slot: a task that must wait for tokens is simply not claimed (the store
 asks its gates first), a retry waits in the store with a `run_at`, and a remote job waits in the
 `waiting` state with its tickets but without a slot. Between claims the worker sleeps until the
-store's next known event (a run_at, a gate's next token) or until something in this process
-submits or finishes work, or at most `idle` seconds, which bounds how late it sees work from
-other processes.
+store's next known event (a run_at, a gate's next token), until the store says a write made work
+claimable, until one of its own slots frees, or at most `idle` seconds.
+
+Handlers and pollers are called through `calls.call` (time limits, sync code in daemon threads);
+what a remote job's check means is decided in `remote`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import contextlib
 import logging
 import os
 import random
-import re
 import signal
 import socket
 import traceback
@@ -32,12 +33,11 @@ from headrace.policy.errors import (
     LeaseLost,
     StoreUnavailable,
     TaskFailure,
-    Transient,
 )
 from headrace.policy.leases import lease_timing
 from headrace.policy.redact import redact
 from headrace.policy.retry import Action
-from headrace.runtime import remote
+from headrace.runtime import outcomes, remote
 from headrace.runtime.app import App, TaskDefinition
 from headrace.runtime.calls import call
 from headrace.runtime.completions import Completions
@@ -123,7 +123,7 @@ class Worker:
         self._stopping = False
         self._hurry = asyncio.Event()
         self._crash: BaseException | None = None
-        self._outcomes: Completions | None = None
+        self._group_commit: Completions | None = None
         self._outage = 0
         self._poll_due: float | None = None  # store time the next remote check may be due
         self._polled_at = float("-inf")
@@ -317,7 +317,7 @@ class Worker:
             raise
         except Exception as error:  # a handler bug: retried like a transient failure
             self._note_crash(error)
-            outcome = self._failed(lease, definition, _unexpected(error))
+            outcome = self._failed(lease, definition, outcomes.unexpected(error))
         self._slot_freed(lease.task_id, self._running)
         await self._finish(lease, outcome, asyncio.get_running_loop().time() - began)
 
@@ -371,7 +371,7 @@ class Worker:
             try:
                 await self._record(lease, outcome)
             except ConfigError as refused:  # e.g. a bad successor: the task cannot go on
-                outcome = _refused(refused)
+                outcome = outcomes.refused(refused)
                 await self._record(lease, outcome)
         except LeaseLost:
             self._abandoned(lease, "before its outcome was recorded")
@@ -380,9 +380,9 @@ class Worker:
             # Renewals stop here, not when the asyncio task's done-callback runs later.
             self._leases.pop(lease.task_id, None)
         self._count(outcome)
-        level = _level(outcome)
+        level = outcomes.level(outcome)
         if log.isEnabledFor(level):  # a line per outcome: built only when it is written
-            log.log(level, "%s", describe(lease, outcome, took))
+            log.log(level, "%s", outcomes.describe(lease, outcome, took))
         # No wake-up from here: the store's own wait_for_work returns when a write made work
         # claimable (a ticket back, a task ready), so an outcome that freed nothing costs no claim.
 
@@ -422,9 +422,9 @@ class Worker:
             return False
 
     def _completions(self) -> Completions:
-        if self._outcomes is None or self._outcomes.store is not self.app.store:
-            self._outcomes = Completions(self.app.store)
-        return self._outcomes
+        if self._group_commit is None or self._group_commit.store is not self.app.store:
+            self._group_commit = Completions(self.app.store)
+        return self._group_commit
 
     async def _release(self, lease: Lease) -> None:
         """Hand an interrupted task back at once (shutdown), without waiting for its lease; a
@@ -464,7 +464,7 @@ class Worker:
             raise
         except Exception as error:
             self._note_crash(error)
-            outcome = remote.check_failed(_unexpected(error), ctx)
+            outcome = remote.check_failed(outcomes.unexpected(error), ctx)
         self._slot_freed(lease.task_id, self._polling)
         await self._finish(lease, outcome, asyncio.get_running_loop().time() - began)
 
@@ -538,43 +538,3 @@ class Worker:
                 loop.remove_signal_handler(sig)
 
         return restore
-
-
-def _refused(error: ConfigError) -> Dead:
-    """The store refused the outcome itself (a successor naming an unknown gate, a key reused
-    with another payload): no attempt can do better, so the task is dead, saying why."""
-    code = re.sub(r"(?<!^)(?=[A-Z])", "_", type(error).__name__).lower()
-    return Dead(AttemptError.of(ErrorClass.FATAL, f"outcome_refused:{code}", str(error)))
-
-
-def _level(outcome: Outcome) -> int:
-    if isinstance(outcome, PollAgain):
-        return logging.WARNING if outcome.code else logging.DEBUG
-    return logging.INFO
-
-
-def describe(lease: Lease, outcome: Outcome, took: float) -> str:
-    """One log line for an attempt's outcome (the ref redacted, as every logged value)."""
-    task = lease.task
-    head = f"task {task.id} {task.kind} {redact(task.ref, limit=80)}"
-    if isinstance(outcome, Succeeded):
-        count = len(outcome.successors)
-        made = f", {count} successor{'s' if count != 1 else ''}" if count else ""
-        return f"{head}: succeeded in {took:.3f}s (attempt {task.attempt}){made}"
-    if isinstance(outcome, AwaitRemote):
-        return f"{head}: waiting on remote job {redact(outcome.remote_id, limit=80)}"
-    if isinstance(outcome, PollAgain):
-        why = f" ({outcome.code})" if outcome.code else ""
-        return f"{head}: remote job still unsettled{why}, checked again in {outcome.delay:.2f}s"
-    penalize = f", penalising {', '.join(outcome.penalize)}" if outcome.penalize else ""
-    error = outcome.error
-    if isinstance(outcome, Retry):
-        return (
-            f"{head} attempt {task.attempt}: {error.code} ({error.error_class.value}), "
-            f"retry in {outcome.delay:.3f}s{penalize}"
-        )
-    return f"{head}: dead after attempt {task.attempt}: {error.code}{penalize}"
-
-
-def _unexpected(error: Exception) -> TaskFailure:
-    return Transient(f"{type(error).__name__}: {error}", code=type(error).__name__.lower())
