@@ -1,0 +1,137 @@
+"""Rows read from a SQL store into headrace's types, and gate states into parameters: one
+mapping for SQLite and PostgreSQL. The two keep lists differently (a `text[]` or a JSON array,
+space-separated gate names or an array), and each mapper reads either form."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from headrace.policy.errors import ErrorClass
+from headrace.policy.gate import GateState
+from headrace.policy.tiers import Tier
+from headrace.store.types import Attempt, AttemptOutcome, StageStats, TaskRecord, TaskState
+
+
+class Row(Protocol):
+    """A result row, read by column name (a dict, or a `sqlite3.Row`)."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+def task_of(row: Row) -> TaskRecord:
+    gates = row["gates"]
+    return TaskRecord(
+        id=row["id"],
+        kind=row["kind"],
+        ref=row["ref"],
+        gates=tuple(gates.split() if isinstance(gates, str) else gates),
+        flow=row["flow"],
+        group=row["grp"],
+        tier=Tier(row["tier"]),
+        submitted_tier=Tier(row["submitted_tier"]),
+        cost=row["cost"],
+        key=row["key"],
+        state=TaskState(row["state"]),
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        tag=row["tag"],
+        created_at=row["created_at"],
+        run_at=row["run_at"],
+        ready_since=row["ready_since"],
+        promoted_at=row["promoted_at"],
+        finished_at=row["finished_at"],
+        worker=row["worker"],
+        lease_until=row["lease_until"],
+        lease_token=row["lease_token"],
+        remote_id=row["remote_id"],
+        poll_every=row["poll_every"],
+        remote_deadline=row["remote_deadline"],
+        error_code=row["error_code"],
+        expiries=row["expiries"],
+        attempt_base=row["attempt_base"],
+        solo=bool(row["solo"]),
+        remote_jobs=row["remote_jobs"],
+    )
+
+
+def attempt_of(row: Row) -> Attempt:
+    error_class = row["error_class"]
+    return Attempt(
+        task_id=row["task_id"],
+        number=row["number"],
+        worker=row["worker"],
+        started_at=row["started_at"],
+        ended_at=row["ended_at"],
+        outcome=AttemptOutcome(row["outcome"]),
+        error_class=ErrorClass(error_class) if error_class is not None else None,
+        code=row["code"],
+        message=row["message"],
+    )
+
+
+def gate_state_of(row: Row) -> GateState:
+    starts = row["starts"]
+    penalized_until = row["penalized_until"]
+    return GateState(
+        in_flight=row["in_flight"],
+        starts=tuple(float(s) for s in (json.loads(starts) if isinstance(starts, str) else starts)),
+        penalized_until=-math.inf if penalized_until is None else penalized_until,
+        granted=row["granted"],
+        blocked_by_token=row["blocked_by_token"],
+        blocked_by_concurrency=row["blocked_by_concurrency"],
+        rate_limited=row["rate_limited"],
+        peak_in_flight=row["peak_in_flight"],
+        first_blocked_at=row["first_blocked_at"],
+        unstarted=row["unstarted"],
+    )
+
+
+def gate_params(name: str, state: GateState) -> dict[str, object]:
+    """A gate's state as `save_gate` takes it (`starts` a list: a driver passes lists as its
+    database keeps them)."""
+    penalized = state.penalized_until
+    return {
+        "name": name,
+        "in_flight": state.in_flight,
+        "starts": list(state.starts),
+        "penalized_until": None if penalized == -math.inf else penalized,
+        "granted": state.granted,
+        "blocked_by_token": state.blocked_by_token,
+        "blocked_by_concurrency": state.blocked_by_concurrency,
+        "rate_limited": state.rate_limited,
+        "peak_in_flight": state.peak_in_flight,
+        "first_blocked_at": state.first_blocked_at,
+        "unstarted": state.unstarted,
+    }
+
+
+def counts_by_state(rows: Iterable[Row]) -> dict[TaskState, int]:
+    counts = dict.fromkeys(TaskState, 0)
+    for found in rows:
+        counts[TaskState(found["state"])] = int(found["n"])
+    return counts
+
+
+def stage_of(row: Row, now: float) -> StageStats:
+    oldest = row["oldest_ready"]
+    return StageStats(
+        row["kind"],
+        pending=int(row["pending"]),
+        ready=int(row["ready"]),
+        running=int(row["running"]),
+        waiting=int(row["waiting"]),
+        oldest_ready_age=None if oldest is None else now - float(oldest),
+    )
+
+
+def holds(task: TaskRecord, token: int, now: float) -> bool:
+    """Whether a lease with `token` still holds `task` at `now`."""
+    return (
+        task.state in (TaskState.RUNNING, TaskState.WAITING)
+        and task.lease_token == token
+        and task.lease_until is not None
+        and task.lease_until > now
+    )
