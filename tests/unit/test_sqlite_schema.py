@@ -13,7 +13,7 @@ import pytest
 from headrace.policy import ConfigError, KeyConflict, StoreError
 from headrace.policy.errors import SchemaTooNew
 from headrace.store import sql
-from headrace.store.sqlite import QUERIES, SQLiteStore, connect, migrate, path_from_url
+from headrace.store.sqlite import QUERIES, SQLiteStore, connect, migrate, path_from_url, scripts
 from headrace.store.types import NewTask, Settings
 
 Schema = list[tuple[str, str, str, str]]
@@ -111,10 +111,12 @@ def test_every_query_has_a_description_and_compiles(
             return None
 
     assert len(queries) > 40
+    statements = scripts(queries)
     for query in queries.values():
         assert query.description and "\n" not in query.description, query.name
-        text = query.text.format(version=1) if "{" in query.text else query.text
-        migrated.execute(f"EXPLAIN {text}", Unbound()).fetchall()
+        for text in statements[query.name]:
+            text = text.format(version=1) if "{" in text else text
+            migrated.execute(f"EXPLAIN {text}", Unbound()).fetchall()
 
 
 def test_malformed_query_files_are_refused() -> None:
@@ -196,3 +198,34 @@ async def test_a_key_stored_before_payload_digests_names_its_task_whatever_the_p
     [again] = await store.submit([NewTask("render", "ep6-s02", key="ep6-s01:v1")])
     await store.close()
     assert (again.id, again.created) == (first.id, False)
+
+
+@pytest.mark.anyio
+async def test_gates_kept_space_joined_by_an_older_file_are_read_as_before(tmp_path: Path) -> None:
+    """Migration 8 turns each task's gate list into a JSON array: every name kept, quotes in a
+    name included, and the counters exist before the first claim."""
+    path = tmp_path / "older.db"
+    queries = sql.load_queries(QUERIES)
+    connection = connect(path, 1.0, queries)
+    for migration in sql.load_migrations()[:7]:
+        for statement in migration.statements:
+            connection.execute(statement)
+    connection.execute("PRAGMA user_version = 7")
+    insert = (
+        "INSERT INTO tasks (kind, ref, gates, gate_key, flow, tier, submitted_tier, cost, state,"
+        " max_attempts, tag, created_at, run_at) VALUES (?, ?, ?, ?, 'f', 1, 1, 1, 'ready', 3,"
+        " 0, 0, 0)"
+    )
+    connection.execute(insert, ("render", "a", 'provider:image session:"s1"', "x"))
+    connection.execute(insert, ("render", "b", "", ""))
+    connection.close()
+    store = SQLiteStore(path)
+    await store.open(Settings())
+    try:
+        gated, ungated = await store.tasks()
+        meta = sqlite3.connect(path).execute("SELECT name FROM meta ORDER BY name").fetchall()
+    finally:
+        await store.close()
+    assert gated.gates == ("provider:image", 'session:"s1"')
+    assert ungated.gates == ()
+    assert meta == [("dispatches",), ("virtual_time",)]

@@ -1,6 +1,6 @@
 """Rows read from a SQL store into headrace's types, and gate states into parameters: one
-mapping for SQLite and PostgreSQL. The two keep lists differently (a `text[]` or a JSON array,
-space-separated gate names or an array), and each mapper reads either form."""
+mapping for SQLite and PostgreSQL. The two keep lists differently (an array, or a JSON array in
+a text column), and each mapper reads either form."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def task_of(row: Row) -> TaskRecord:
         id=row["id"],
         kind=row["kind"],
         ref=row["ref"],
-        gates=tuple(gates.split() if isinstance(gates, str) else gates),
+        gates=tuple(json.loads(gates) if isinstance(gates, str) else gates),
         flow=row["flow"],
         group=row["grp"],
         tier=Tier(row["tier"]),

@@ -1,5 +1,7 @@
--- The statements of the SQLite store (store/sqlite.py), by name. Parameters are named; `:now` is
--- always the store clock's time, read once at the start of the verb's transaction.
+-- The statements of the SQLite store (store/sqlite.py), by name, as store/machine.py asks for
+-- them. Parameters are named; lists come as JSON arrays, and `:now` is the transaction's time.
+-- A statement may be several, run in order: its rows are the last one's. A column named
+-- "x [headrace_json]" is read as JSON, under the name x.
 
 -- name: begin_write
 -- Open a write transaction holding the file's write lock from the start (no upgrade deadlocks).
@@ -45,37 +47,9 @@ PRAGMA user_version = {version:d};
 -- One task.
 SELECT * FROM tasks WHERE id = :id;
 
--- name: task_id_by_key
--- The task an idempotency key names, and the digest of the payload it was submitted with.
-SELECT id, payload_digest FROM tasks WHERE key = :key AND key <> '';
-
 -- name: count_queued
 -- Tasks of a kind still waiting to run (pending or ready): what a stage's bound limits.
 SELECT count(*) AS n FROM tasks WHERE kind = :kind AND state IN ('pending', 'ready');
-
--- name: insert_task
--- Create a task; nothing when another writer took its idempotency key first.
-INSERT INTO tasks (
-    kind, ref, gates, gate_key, flow, grp, tier, submitted_tier, cost, key, state,
-    max_attempts, tag, created_at, run_at, ready_since, unmet, payload_digest
-) VALUES (
-    :kind, :ref, :gates, :gate_key, :flow, :grp, :tier, :tier, :cost, :key, :state,
-    :max_attempts, :tag, :now, :run_at, :ready_since, :unmet, :payload_digest
-)
-ON CONFLICT (key) WHERE key <> '' DO NOTHING
-RETURNING id;
-
--- name: insert_dependency
--- Make a task wait on one of its dependencies.
-INSERT OR IGNORE INTO task_deps (dep_id, task_id) VALUES (:dep_id, :task_id);
-
--- name: unblock_dependents
--- A dependency succeeded: count it met, and make dependents with none left ready.
-UPDATE tasks
-SET unmet = unmet - 1,
-    state = CASE WHEN unmet = 1 AND state = 'pending' THEN 'ready' ELSE state END,
-    ready_since = CASE WHEN unmet = 1 AND state = 'pending' THEN :now ELSE ready_since END
-WHERE id IN (SELECT task_id FROM task_deps WHERE dep_id = :dep_id);
 
 -- name: dependents
 -- Who waits on a task (kept after its outcome: a redrive may restore them).
@@ -109,45 +83,6 @@ UPDATE tasks SET state = 'pending', finished_at = NULL, error_code = NULL
 WHERE id = :id AND state = 'cancelled' AND error_code = 'upstream_failed'
 RETURNING id;
 
--- name: virtual_time
--- The fair-queueing virtual time: the largest tag dispatched so far.
-SELECT value FROM meta WHERE name = 'virtual_time';
-
--- name: save_virtual_time
--- Move the fair-queueing virtual time.
-INSERT INTO meta (name, value) VALUES ('virtual_time', :value)
-ON CONFLICT (name) DO UPDATE SET value = excluded.value;
-
--- name: flow_finish
--- A flow's finish tag: where its next task's start tag begins.
-SELECT finish_tag FROM flows WHERE flow = :flow;
-
--- name: save_flow_finish
--- Move a flow's finish tag after tagging one of its tasks.
-INSERT INTO flows (flow, finish_tag) VALUES (:flow, :finish)
-ON CONFLICT (flow) DO UPDATE SET finish_tag = excluded.finish_tag;
-
--- name: flow_served
--- When a flow was last served (a dispatch count; 0 = never).
-SELECT served FROM flows WHERE flow = :flow;
-
--- name: save_flow_served
--- Mark a flow served by dispatch number :served.
-UPDATE flows SET served = :served WHERE flow = :flow;
-
--- name: dispatches
--- How many tasks have been dispatched: numbers each dispatch for flows' turns.
-SELECT value FROM meta WHERE name = 'dispatches';
-
--- name: save_dispatches
--- Count dispatches.
-INSERT INTO meta (name, value) VALUES ('dispatches', :value)
-ON CONFLICT (name) DO UPDATE SET value = excluded.value;
-
--- name: expired_leases
--- Running tasks whose lease ran out: the reaper's work (unordered, so the lease index serves).
-SELECT * FROM tasks WHERE state = 'running' AND lease_until <= :now;
-
 -- name: count_expiry
 -- Count one more lease a task's worker lost, and say who lost it when.
 UPDATE tasks SET expiries = expiries + 1, lost_by = worker, lost_at = :now WHERE id = :id;
@@ -172,39 +107,6 @@ SELECT (
     )
 ) AS n;
 
--- name: aging_candidates
--- Ready tasks of a tier that may have waited an aging step (the caller decides with aged_tier).
-SELECT id, tier, ready_since FROM tasks
-WHERE state = 'ready' AND tier = :tier AND ready_since <= :cutoff;
-
--- name: promote
--- Raise a waiting task's tier by aging.
-UPDATE tasks SET tier = :tier, promoted_at = :now WHERE id = :id;
-
--- name: ready_candidates
--- One claim batch: due ready tasks after a (tier, tag, id) key; kinds and refused keys are JSON.
-SELECT * FROM tasks
-WHERE state = 'ready'
-  AND (tier, tag, id) > (:tier, :tag, :id)
-  AND run_at <= :now
-  AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
-  AND gate_key NOT IN (SELECT value FROM json_each(:refused))
-ORDER BY tier, tag, id
-LIMIT :batch;
-
--- name: lease_task
--- Hand a ready task to a worker: a new attempt under a new fencing token.
-UPDATE tasks
-SET state = 'running', attempt = attempt + 1, worker = :worker, lease_until = :until,
-    lease_token = lease_token + 1
-WHERE id = :id
-RETURNING *;
-
--- name: insert_attempt
--- Start the history entry of an attempt.
-INSERT INTO attempts (task_id, number, worker, started_at, outcome)
-VALUES (:task_id, :number, :worker, :now, 'running');
-
 -- name: end_attempt
 -- Close the open attempt of a task (running, or waiting on its remote job) with its outcome.
 UPDATE attempts
@@ -212,33 +114,9 @@ SET ended_at = :now, outcome = :outcome, error_class = :error_class, code = :cod
     message = :message
 WHERE task_id = :task_id AND number = :number AND outcome IN ('running', 'waiting');
 
--- name: next_ready_run_at
--- The earliest future run_at of a ready task: when a claim may find new work.
-SELECT min(run_at) AS at FROM tasks WHERE state = 'ready' AND run_at > :now;
-
--- name: insert_ticket
--- A gate granted a task one ticket (`started` 0: it reserves a start on a rated gate).
-INSERT INTO tickets (task_id, gate, started) VALUES (:task_id, :gate, :started);
-
--- name: unstarted_tickets
--- The tickets of a task whose call start is not stamped yet, by gate.
-SELECT gate FROM tickets WHERE task_id = :task_id AND NOT started ORDER BY gate;
-
--- name: mark_started
--- A ticket's call start is stamped.
-UPDATE tickets SET started = 1 WHERE task_id = :task_id AND gate = :gate;
-
--- name: ticket_counts
--- The tickets a task holds, per gate.
-SELECT gate, count(*) AS n FROM tickets WHERE task_id = :task_id GROUP BY gate ORDER BY gate;
-
 -- name: delete_tickets
 -- Return every ticket a task holds.
 DELETE FROM tickets WHERE task_id = :task_id;
-
--- name: gate_state
--- One gate's state.
-SELECT * FROM gates WHERE name = :name;
 
 -- name: save_gate
 -- Write one gate's state.
@@ -274,33 +152,14 @@ WHERE state = 'waiting' AND run_at <= :now
 ORDER BY run_at, id
 LIMIT :limit;
 
--- name: lease_poll
--- Hand a waiting task to a poller under a new fencing token.
-UPDATE tasks SET worker = :worker, lease_until = :until, lease_token = lease_token + 1
-WHERE id = :id
-RETURNING *;
-
 -- name: next_poll_at
 -- The earliest future poll time of a waiting task.
 SELECT min(run_at) AS at FROM tasks WHERE state = 'waiting' AND run_at > :now;
-
--- name: renew_lease
--- Extend a lease its holder still holds (same token, not expired); no row when it is lost.
-UPDATE tasks SET lease_until = :until
-WHERE id = :id AND state IN ('running', 'waiting') AND lease_token = :token
-  AND lease_until > :now
-RETURNING *;
 
 -- name: poll_again
 -- The remote job still runs (or its check failed): poll it again at run_at, by any poller.
 UPDATE tasks
 SET run_at = :run_at, lease_until = NULL, worker = NULL, error_code = coalesce(:code, error_code)
-WHERE id = :id;
-
--- name: mark_succeeded
--- Record a task's success.
-UPDATE tasks
-SET state = 'succeeded', finished_at = :now, lease_until = NULL, error_code = NULL
 WHERE id = :id;
 
 -- name: add_to_ledger
@@ -392,3 +251,297 @@ ROLLBACK TO SAVEPOINT outcome;
 -- name: release_savepoint
 -- Close one outcome's savepoint.
 RELEASE SAVEPOINT outcome;
+
+-- name: expired_leases
+-- Running tasks whose lease ran out, in id order.
+SELECT * FROM tasks WHERE state = 'running' AND lease_until <= :now ORDER BY id;
+
+-- name: aging_candidates
+-- Ready tasks below the ceiling that may have waited an aging step (aged_tier decides).
+SELECT id, tier, ready_since FROM tasks
+WHERE state = 'ready' AND tier > :ceiling AND ready_since <= :cutoff;
+
+-- name: promote
+-- Raise waiting tasks' tiers by aging (parallel JSON arrays).
+UPDATE tasks SET tier = p.tier, promoted_at = :now
+FROM (
+    SELECT i.value AS id, t.value AS tier
+    FROM json_each(:ids) AS i JOIN json_each(:tiers) AS t ON t.key = i.key
+) AS p
+WHERE tasks.id = p.id;
+
+-- name: mark_started
+-- The call starts of a task's tickets on these gates are stamped.
+UPDATE tickets SET started = 1
+WHERE task_id = :task_id AND gate IN (SELECT value FROM json_each(:gates)) AND NOT started;
+
+-- name: ticket_counts
+-- The tickets a task holds, per gate, and how many have no call start stamped yet.
+SELECT gate, count(*) AS n, sum(NOT started) AS unstarted
+FROM tickets WHERE task_id = :task_id
+GROUP BY gate ORDER BY gate;
+
+-- name: ticket_counts_many
+-- The tickets tasks hold, per task and gate, and how many have no call start stamped yet.
+SELECT task_id, gate, count(*) AS n, sum(NOT started) AS unstarted
+FROM tickets WHERE task_id IN (SELECT value FROM json_each(:task_ids))
+GROUP BY task_id, gate;
+
+-- name: ticket_gates
+-- The gates tasks hold tickets on.
+SELECT DISTINCT gate FROM tickets WHERE task_id IN (SELECT value FROM json_each(:task_ids));
+
+-- name: lock_gates
+-- Gate states by name (the file's write lock already keeps other writers out).
+SELECT * FROM gates WHERE name IN (SELECT value FROM json_each(:names)) ORDER BY name;
+
+-- name: try_lock_gates
+-- Gate states by name: as lock_gates, since no other writer can hold one.
+SELECT * FROM gates WHERE name IN (SELECT value FROM json_each(:names)) ORDER BY name;
+
+-- name: add_gates
+-- Rows for gates asked for the first time.
+INSERT OR IGNORE INTO gates (
+    name, in_flight, starts, granted, blocked_by_token, blocked_by_concurrency, rate_limited,
+    peak_in_flight
+)
+SELECT value, 0, '[]', 0, 0, 0, 0, 0 FROM json_each(:names);
+
+-- name: missing_gates
+-- Which of these gates have no row yet.
+SELECT value AS name FROM json_each(:names) WHERE value NOT IN (SELECT name FROM gates);
+
+-- name: add_flows
+-- Flows seen for the first time.
+INSERT OR IGNORE INTO flows (flow, finish_tag) SELECT value, 0 FROM json_each(:flows);
+
+-- name: lock_flows
+-- Flows' finish tags by name, while their new tasks are tagged.
+SELECT flow, finish_tag FROM flows WHERE flow IN (SELECT value FROM json_each(:flows)) ORDER BY flow;
+
+-- name: advisory_lock
+-- Serialise with writers taking the same named lock: the file's write lock does already.
+SELECT :lock AS lock;
+
+-- name: lock_task
+-- One task, whose holder's write is checked against it.
+SELECT * FROM tasks WHERE id = :id;
+
+-- name: lock_for_outcomes
+-- Tasks, what waits on those succeeding (directly) or dying (in a tree), in id order.
+WITH RECURSIVE tree (id) AS (
+    SELECT value FROM json_each(:dead)
+    UNION
+    SELECT d.task_id FROM task_deps AS d JOIN tree ON d.dep_id = tree.id
+)
+SELECT * FROM tasks
+WHERE id IN (
+    SELECT value FROM json_each(:ids)
+    UNION SELECT id FROM tree
+    UNION SELECT task_id FROM task_deps WHERE dep_id IN (SELECT value FROM json_each(:succeeded))
+)
+ORDER BY id;
+
+-- name: share_tasks
+-- The states of tasks named as dependencies.
+SELECT id, state FROM tasks WHERE id IN (SELECT value FROM json_each(:ids)) ORDER BY id;
+
+-- name: task_ids_by_keys
+-- The tasks idempotency keys name, with the digests of the payloads they were submitted with.
+SELECT id, key, payload_digest FROM tasks WHERE key IN (SELECT value FROM json_each(:keys));
+
+-- name: meta_values
+-- The store-wide numbers: the fair-queueing virtual time and the dispatch count.
+SELECT name, value FROM meta;
+
+-- name: next_task_ids
+-- Ids for the tasks of a batch, so that siblings can name each other before they are written.
+WITH RECURSIVE seq (i) AS (
+    SELECT 1 WHERE :n >= 1
+    UNION ALL
+    SELECT i + 1 FROM seq WHERE i < :n
+)
+SELECT (SELECT coalesce(max(id), 0) FROM tasks) + i AS id FROM seq;
+
+-- name: submit_start
+-- A batch's flows made if new, then their finish tags (in name order), its ids, the virtual time and the clock.
+INSERT OR IGNORE INTO flows (flow, finish_tag) SELECT value, 0 FROM json_each(:flows);
+WITH RECURSIVE seq (i) AS (
+    SELECT 1 WHERE :n >= 1
+    UNION ALL
+    SELECT i + 1 FROM seq WHERE i < :n
+), taken AS (
+    SELECT flow, finish_tag FROM flows
+    WHERE flow IN (SELECT value FROM json_each(:flows))
+    ORDER BY flow
+)
+SELECT (SELECT json_group_array(flow) FROM taken) AS "flows [headrace_json]",
+       (SELECT json_group_array(finish_tag) FROM taken) AS "finish_tags [headrace_json]",
+       (
+           SELECT json_group_array((SELECT coalesce(max(id), 0) FROM tasks) + i) FROM seq
+       ) AS "ids [headrace_json]",
+       (SELECT value FROM meta WHERE name = 'virtual_time') AS virtual_time,
+       :clock AS now;
+
+-- name: insert_tasks
+-- Create a batch of tasks (a JSON array of rows), and move their flows' finish tags.
+UPDATE flows SET finish_tag = f.finish
+FROM (
+    SELECT n.value AS flow, t.value AS finish
+    FROM json_each(:flow_names) AS n JOIN json_each(:flow_finishes) AS t ON t.key = n.key
+) AS f
+WHERE flows.flow = f.flow;
+INSERT INTO tasks (
+    id, kind, ref, gates, gate_key, flow, grp, tier, submitted_tier, cost, key, state,
+    max_attempts, tag, created_at, run_at, ready_since, unmet, payload_digest
+)
+SELECT
+    json_extract(t.value, '$.id'), json_extract(t.value, '$.kind'),
+    json_extract(t.value, '$.ref'), json_extract(t.value, '$.gates'),
+    json_extract(t.value, '$.gate_key'), json_extract(t.value, '$.flow'),
+    json_extract(t.value, '$.grp'), json_extract(t.value, '$.tier'),
+    json_extract(t.value, '$.tier'), json_extract(t.value, '$.cost'),
+    json_extract(t.value, '$.key'), json_extract(t.value, '$.state'),
+    json_extract(t.value, '$.max_attempts'), json_extract(t.value, '$.tag'), :now,
+    json_extract(t.value, '$.run_at'), json_extract(t.value, '$.ready_since'),
+    json_extract(t.value, '$.unmet'), json_extract(t.value, '$.payload_digest')
+FROM json_each(:tasks) AS t;
+
+-- name: insert_dependencies
+-- Make tasks wait on their dependencies (parallel JSON arrays).
+INSERT OR IGNORE INTO task_deps (dep_id, task_id)
+SELECT d.value, t.value FROM json_each(:dep_ids) AS d JOIN json_each(:task_ids) AS t ON t.key = d.key;
+
+-- name: claim_start
+-- A claim's time, the counters and the earliest future run_at of a ready task.
+SELECT :clock AS now,
+       (SELECT value FROM meta WHERE name = 'dispatches') AS dispatches,
+       (SELECT value FROM meta WHERE name = 'virtual_time') AS virtual_time,
+       (SELECT min(run_at) FROM tasks WHERE state = 'ready' AND run_at > :clock) AS next_at;
+
+-- name: claim_batch
+-- One claim batch: due ready tasks after a (tier, tag, id) key with their flows' turns, the batch's size and end, and its gates' states.
+WITH peek AS MATERIALIZED (
+    SELECT * FROM tasks
+    WHERE state = 'ready'
+      AND (tier, tag, id) > (:tier, :tag, :id)
+      AND run_at <= :now
+      AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
+      AND gate_key NOT IN (SELECT value FROM json_each(:refused))
+    ORDER BY tier, tag, id
+    LIMIT :batch
+), wanted AS (
+    SELECT DISTINCT g.value AS name FROM peek, json_each(peek.gates) AS g
+    WHERE g.value NOT IN (SELECT value FROM json_each(:held))
+), last AS (
+    SELECT tier, tag, id FROM peek ORDER BY tier DESC, tag DESC, id DESC LIMIT 1
+)
+SELECT (SELECT count(*) FROM peek) AS peeked,
+       (SELECT tier FROM last) AS last_tier,
+       (SELECT tag FROM last) AS last_tag,
+       (SELECT id FROM last) AS last_id,
+       (
+           SELECT json_group_array(json_object(
+               'name', g.name, 'in_flight', g.in_flight, 'starts', json(g.starts),
+               'penalized_until', g.penalized_until, 'granted', g.granted,
+               'blocked_by_token', g.blocked_by_token,
+               'blocked_by_concurrency', g.blocked_by_concurrency,
+               'rate_limited', g.rate_limited, 'peak_in_flight', g.peak_in_flight,
+               'first_blocked_at', g.first_blocked_at, 'unstarted', g.unstarted
+           ))
+           FROM gates AS g WHERE g.name IN (SELECT name FROM wanted)
+       ) AS "gate_rows [headrace_json]",
+       (SELECT json_group_array(name) FROM wanted) AS "wanted [headrace_json]",
+       p.*, f.served AS flow_served
+FROM (SELECT 1) AS one
+LEFT JOIN peek AS p ON true
+LEFT JOIN flows AS f ON f.flow = p.flow
+ORDER BY p.tier, p.tag, p.id;
+
+-- name: lease_tasks
+-- Lease ready tasks under new fencing tokens, with attempts and tickets; count them, number the turns.
+UPDATE tasks
+SET state = 'running', attempt = attempt + 1, worker = :worker, lease_until = :until,
+    lease_token = lease_token + 1
+WHERE id IN (SELECT value FROM json_each(:ids));
+INSERT INTO attempts (task_id, number, worker, started_at, outcome)
+SELECT id, attempt, worker, :now, 'running' FROM tasks
+WHERE id IN (SELECT value FROM json_each(:ids));
+INSERT INTO tickets (task_id, gate, started)
+SELECT t.id, g.value, g.value NOT IN (SELECT value FROM json_each(:rated))
+FROM tasks AS t, json_each(t.gates) AS g
+WHERE t.id IN (SELECT value FROM json_each(:ids));
+UPDATE meta
+SET value = CASE name
+    WHEN 'dispatches' THEN value + json_array_length(:ids)
+    ELSE max(value, :virtual_time)
+END
+WHERE name IN ('dispatches', 'virtual_time');
+UPDATE flows
+SET served = f.served - :base + (SELECT value FROM meta WHERE name = 'dispatches')
+FROM (
+    SELECT n.value AS flow, s.value AS served
+    FROM json_each(:flows) AS n JOIN json_each(:served) AS s ON s.key = n.key
+) AS f
+WHERE flows.flow = f.flow;
+SELECT * FROM tasks WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- name: lease_polls
+-- Hand waiting tasks to a poller, each under a new fencing token.
+UPDATE tasks SET worker = :worker, lease_until = :until, lease_token = lease_token + 1
+WHERE id IN (SELECT value FROM json_each(:ids))
+RETURNING *;
+
+-- name: renew_leases
+-- Extend leases their holders still hold (same token, not expired); lost ones return no row.
+UPDATE tasks SET lease_until = :until
+FROM (
+    SELECT i.value AS id, t.value AS token
+    FROM json_each(:ids) AS i JOIN json_each(:tokens) AS t ON t.key = i.key
+) AS l
+WHERE tasks.id = l.id AND tasks.lease_token = l.token
+  AND tasks.state IN ('running', 'waiting') AND tasks.lease_until > :now
+RETURNING *;
+
+-- name: succeed_task
+-- Record a success: close the attempt, drop the tickets, make dependents with nothing left ready.
+UPDATE attempts
+SET ended_at = :now, outcome = 'succeeded', error_class = NULL, code = NULL, message = NULL
+WHERE task_id = :id AND number = :number AND outcome IN ('running', 'waiting');
+DELETE FROM tickets WHERE task_id = :id;
+UPDATE tasks
+SET unmet = unmet - 1,
+    state = CASE WHEN unmet = 1 AND state = 'pending' THEN 'ready' ELSE state END,
+    ready_since = CASE WHEN unmet = 1 AND state = 'pending' THEN :now ELSE ready_since END
+WHERE id IN (SELECT task_id FROM task_deps WHERE dep_id = :id);
+UPDATE tasks
+SET state = 'succeeded', finished_at = :now, lease_until = NULL, error_code = NULL
+WHERE id = :id;
+
+-- name: succeed_tasks
+-- `succeed_task` for distinct held tasks at once (a dependent waiting on k of them counts k met).
+UPDATE attempts
+SET ended_at = :now, outcome = 'succeeded', error_class = NULL, code = NULL, message = NULL
+FROM (
+    SELECT i.value AS id, n.value AS number
+    FROM json_each(:ids) AS i JOIN json_each(:numbers) AS n ON n.key = i.key
+) AS done
+WHERE attempts.task_id = done.id AND attempts.number = done.number
+  AND attempts.outcome IN ('running', 'waiting');
+DELETE FROM tickets WHERE task_id IN (SELECT value FROM json_each(:ids));
+UPDATE tasks
+SET unmet = tasks.unmet - met.n,
+    state = CASE WHEN tasks.unmet = met.n AND tasks.state = 'pending' THEN 'ready' ELSE tasks.state END,
+    ready_since = CASE
+        WHEN tasks.unmet = met.n AND tasks.state = 'pending' THEN :now ELSE tasks.ready_since
+    END
+FROM (
+    SELECT task_id, count(*) AS n FROM task_deps
+    WHERE dep_id IN (SELECT value FROM json_each(:ids))
+      AND task_id NOT IN (SELECT value FROM json_each(:ids))
+    GROUP BY task_id
+) AS met
+WHERE tasks.id = met.task_id;
+UPDATE tasks
+SET state = 'succeeded', finished_at = :now, lease_until = NULL, error_code = NULL
+WHERE id IN (SELECT value FROM json_each(:ids));

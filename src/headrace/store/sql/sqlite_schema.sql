@@ -5,7 +5,7 @@ CREATE TABLE tasks (
     id              INTEGER PRIMARY KEY,
     kind            TEXT    NOT NULL,
     ref             TEXT    NOT NULL,
-    gates           TEXT    NOT NULL,  -- the task's gates as submitted, space-joined
+    gates           TEXT    NOT NULL,  -- the task's gates as submitted, a JSON array
     gate_key        TEXT    NOT NULL,  -- the same names sorted: tasks alike for admission
     flow            TEXT    NOT NULL,
     grp             TEXT,
