@@ -85,6 +85,10 @@ from headrace.store.types import (
 CLAIM_BATCH = 256
 # Widens the aging range past any float rounding of `now - step`; aged_tier decides.
 AGING_SLACK = 1e-3
+# Seconds of store time a store's claims go without reaping expired leases and aging low tasks
+# after one that did: an expiry or an aging step is seen this much later at most, and a busy
+# worker's claims skip two statements.
+SWEEP_EVERY = 0.1
 
 
 class Pending(Protocol):
@@ -109,6 +113,18 @@ class Driver(Protocol):
     def savepoint(self) -> AbstractAsyncContextManager[object]:
         """A nested transaction: left by an exception, it undoes its writes."""
         ...
+
+
+@dataclass
+class Sweeps:
+    """When a store's claims last reaped expired leases and aged low tasks (`Transaction.sweep`),
+    by the store's clock."""
+
+    at: float = -math.inf
+
+    def due(self, now: float) -> bool:
+        """Whether a claim at `now` sweeps first: SWEEP_EVERY has passed, or the clock went back."""
+        return not self.at <= now < self.at + SWEEP_EVERY
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ from headrace.policy.errors import (
 )
 from headrace.policy.gate import GateConfig, GateStatistics
 from headrace.store import sql
-from headrace.store.machine import Claimed, Json, Transaction, check_gates, task_row
+from headrace.store.machine import Claimed, Json, Sweeps, Transaction, check_gates, task_row
 from headrace.store.types import (
     Attempt,
     ClaimResult,
@@ -105,10 +105,6 @@ POOL_TIMEOUT = 5.0
 RECONNECT_TIMEOUT = POOL_TIMEOUT
 # Seconds between attempts to reopen a dropped LISTEN connection: the first, and the most.
 LISTEN_RETRY = (0.1, 5.0)
-# Seconds of store time a store's claims go without reaping expired leases and aging low tasks
-# after one that did: an expiry or an aging step is seen this much later at most, and a busy
-# worker's claims skip two statements and a round trip.
-SWEEP_EVERY = 0.1
 # Seconds `now()` reuses the server's last answer, moved on by the host's monotonic clock.
 CLOCK_REUSE = 1.0
 # Tries of one verb that met a deadlock, a serialization failure or a racing idempotency key.
@@ -158,7 +154,7 @@ class PostgresStore:
         self._server_clock: tuple[float, float] | None = None  # (server time, monotonic then)
         self._last_now = -math.inf
         self._clock_question: asyncio.Task[tuple[float, float]] | None = None
-        self._swept_at = -math.inf  # store time of this store's last claim that reaped and aged
+        self._sweeps = Sweeps()
         self._listener = _Listener(
             _named(dsn, f"headrace-listen/{schema}"), self._compose("listen")
         )
@@ -297,7 +293,7 @@ class PostgresStore:
         # Reap expired leases and age low tasks once SWEEP_EVERY of store time has passed (or
         # the clock went back), judged by the clock as this store last saw it.
         seen = self.clock.now() if self.clock is not None else await self.now()
-        sweep = not self._swept_at <= seen < self._swept_at + SWEEP_EVERY
+        sweep = self._sweeps.due(seen)
 
         async def verb(tx: Transaction) -> Claimed:
             return await tx.claim(
@@ -307,7 +303,7 @@ class PostgresStore:
         if sweep:
             # Its own transaction: the tasks it makes ready or promotes are not held by a claim
             # that has yet to lock their gates (another claim would skip them, out of order).
-            self._swept_at = await self._write(lambda tx: tx.sweep())
+            self._sweeps.at = await self._write(lambda tx: tx.sweep())
         claimed = await self._write(verb, clock_first=False)  # the claim reads it in passing
         return await claimed.result()
 

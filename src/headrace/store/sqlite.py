@@ -35,7 +35,7 @@ from headrace.policy.clock import Clock, WallClock
 from headrace.policy.errors import ConfigError, HeadraceError, SchemaTooNew, StoreError
 from headrace.policy.gate import GateConfig, GateStatistics
 from headrace.store import sql
-from headrace.store.machine import Json, Transaction
+from headrace.store.machine import Json, Sweeps, Transaction
 from headrace.store.types import (
     Attempt,
     ClaimResult,
@@ -80,6 +80,7 @@ class SQLiteStore:
         self._configs: dict[str, GateConfig] = {}
         self._queries: Queries = sql.load_queries(QUERIES)
         self._scripts = scripts(self._queries)
+        self._sweeps = Sweeps()
         self._executor: ThreadPoolExecutor | None = None
         self._connection: sqlite3.Connection | None = None
         self._data_version = 0
@@ -159,7 +160,8 @@ class SQLiteStore:
         self._woken.clear()  # this claim sees everything written before it
 
         async def verb(tx: Transaction) -> ClaimResult:
-            await tx.sweep()  # expired leases and aging, under the same write lock
+            if self._sweeps.due(tx.now):  # under the same write lock as the claim
+                self._sweeps.at = await tx.sweep()
             claimed = await tx.claim(worker, limit, lease_for, wanted, alone=alone)
             return await claimed.result()
 
