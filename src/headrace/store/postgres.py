@@ -63,27 +63,22 @@ from headrace.policy import fairness
 from headrace.policy.clock import Clock
 from headrace.policy.errors import (
     ConfigError,
-    HeadraceError,
     SchemaTooNew,
     StoreError,
     StoreUnavailable,
 )
-from headrace.policy.gate import GateConfig, GateStatistics
+from headrace.policy.gate import GateConfig
 from headrace.store import sql
 from headrace.store.machine import Claimed, Json, Sweeps, Transaction, check_gates, task_row
 from headrace.store.types import (
-    Attempt,
     ClaimResult,
-    GroupReport,
-    Lease,
     NewTask,
-    Outcome,
     Settings,
-    StageStats,
     Submitted,
     TaskRecord,
     TaskState,
 )
+from headrace.store.verbs import TransactionVerbs, kinds_list
 
 T = TypeVar("T")
 Connection = psycopg.AsyncConnection[DictRow]
@@ -119,7 +114,7 @@ _CONFLICTS = (pgerrors.DeadlockDetected, pgerrors.SerializationFailure)
 KEY_INDEX = "tasks_key"  # a unique violation on it: another writer took a key first
 
 
-class PostgresStore:
+class PostgresStore(TransactionVerbs):
     """The store many processes on many hosts share: one PostgreSQL schema."""
 
     def __init__(
@@ -288,7 +283,7 @@ class PostgresStore:
         kinds: Collection[str] | None = None,
         alone: bool = True,
     ) -> ClaimResult:
-        wanted = _kinds(kinds)
+        wanted = kinds_list(kinds)
 
         # Reap expired leases and age low tasks once SWEEP_EVERY of store time has passed (or
         # the clock went back), judged by the clock as this store last saw it.
@@ -306,87 +301,6 @@ class PostgresStore:
             self._sweeps.at = await self._write(lambda tx: tx.sweep())
         claimed = await self._write(verb, clock_first=False)  # the claim reads it in passing
         return await claimed.result()
-
-    async def claim_polls(
-        self, worker: str, limit: int, *, lease_for: float, kinds: Collection[str] | None = None
-    ) -> ClaimResult:
-        wanted = _kinds(kinds)
-        return await self._write(lambda tx: tx.claim_polls(worker, limit, lease_for, wanted))
-
-    # -- lease holders
-
-    async def renew(self, leases: Sequence[Lease], *, lease_for: float) -> list[Lease | None]:
-        held = tuple(leases)
-        return await self._write(lambda tx: tx.renew(held, lease_for))
-
-    async def start(self, lease: Lease, gates: Collection[str] | None = None) -> None:
-        chosen = None if gates is None else frozenset(gates)
-        await self._write(lambda tx: tx.start(lease, chosen), clock_first=False)
-
-    async def finish(self, lease: Lease, outcome: Outcome) -> None:
-        await self._write(lambda tx: tx.finish(lease, outcome), clock_first=False)
-
-    async def finish_many(
-        self, outcomes: Sequence[tuple[Lease, Outcome]]
-    ) -> list[HeadraceError | None]:
-        batch = tuple(outcomes)
-        return await self._write(lambda tx: tx.finish_many(batch), clock_first=False)
-
-    # -- cancellation and reaping
-
-    async def cancel(self, task_id: int) -> bool:
-        return await self._write(lambda tx: tx.cancel(task_id))
-
-    async def redrive(
-        self,
-        *,
-        task_ids: Collection[int] | None = None,
-        group: str | None = None,
-        kind: str | None = None,
-    ) -> list[int]:
-        ids = None if task_ids is None else sorted(task_ids)
-        return await self._write(lambda tx: tx.redrive(ids, group, kind))
-
-    async def reap(self) -> int:
-        return await self._write(lambda tx: tx.reap())
-
-    # -- reading
-
-    async def get(self, task_id: int) -> TaskRecord:
-        return await self._read(lambda tx: tx.task(task_id))
-
-    async def find(self, key: str) -> TaskRecord | None:
-        return await self._read(lambda tx: tx.find(key))
-
-    async def tasks(
-        self,
-        *,
-        group: str | None = None,
-        state: TaskState | None = None,
-        kind: str | None = None,
-        limit: int = 1000,
-    ) -> list[TaskRecord]:
-        return await self._read(lambda tx: tx.tasks(group, state, kind, limit))
-
-    async def attempts(self, task_id: int) -> list[Attempt]:
-        return await self._read(lambda tx: tx.attempts(task_id))
-
-    async def counts(self, *, kinds: Collection[str] | None = None) -> dict[TaskState, int]:
-        chosen = None if kinds is None else sorted(kinds)
-        return await self._read(lambda tx: tx.counts(chosen))
-
-    async def stages(self, *, kinds: Collection[str] | None = None) -> list[StageStats]:
-        chosen = None if kinds is None else sorted(kinds)
-        return await self._read(lambda tx: tx.stages(chosen))
-
-    async def groups(self) -> list[str]:
-        return await self._read(lambda tx: tx.groups())
-
-    async def group_report(self, group: str) -> GroupReport:
-        return await self._read(lambda tx: tx.group_report(group))
-
-    async def gate_statistics(self) -> list[GateStatistics]:
-        return await self._read(lambda tx: tx.gate_statistics())
 
     # -- transactions
 
@@ -711,10 +625,6 @@ def _holds(task: TaskRecord, token: int, now: float) -> bool:
         and task.lease_until is not None
         and task.lease_until > now
     )
-
-
-def _kinds(kinds: Collection[str] | None) -> list[str] | None:
-    return None if kinds is None else sorted(kinds)
 
 
 def _plain(batch: Sequence[NewTask], bounds: Mapping[str, int]) -> bool:

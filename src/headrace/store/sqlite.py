@@ -32,23 +32,15 @@ from typing import Any, TypeVar, cast
 from urllib.parse import unquote, urlsplit
 
 from headrace.policy.clock import Clock, WallClock
-from headrace.policy.errors import ConfigError, HeadraceError, SchemaTooNew, StoreError
-from headrace.policy.gate import GateConfig, GateStatistics
+from headrace.policy.errors import ConfigError, SchemaTooNew, StoreError
+from headrace.policy.gate import GateConfig
 from headrace.store import sql
 from headrace.store.machine import Json, Sweeps, Transaction
 from headrace.store.types import (
-    Attempt,
     ClaimResult,
-    GroupReport,
-    Lease,
-    NewTask,
-    Outcome,
     Settings,
-    StageStats,
-    Submitted,
-    TaskRecord,
-    TaskState,
 )
+from headrace.store.verbs import TransactionVerbs, kinds_list
 
 T = TypeVar("T")
 
@@ -65,7 +57,7 @@ sqlite3.register_converter("headrace_json", json.loads)
 _LOCKED = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)  # primary result codes
 
 
-class SQLiteStore:
+class SQLiteStore(TransactionVerbs):
     """The embedded store: one SQLite file, shared by the processes of one host."""
 
     def __init__(
@@ -137,15 +129,7 @@ class SQLiteStore:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._woken.wait(), min(DATA_VERSION_POLL, left))
 
-    # -- submission
-
-    async def submit(
-        self, tasks: Sequence[NewTask], *, bounds: Mapping[str, int] | None = None
-    ) -> list[Submitted]:
-        batch, limits = tuple(tasks), dict(bounds or {})
-        return await self._write(lambda tx: tx.submit(batch, limits))
-
-    # -- claiming
+    # -- claiming (the other verbs: TransactionVerbs)
 
     async def claim(
         self,
@@ -156,7 +140,7 @@ class SQLiteStore:
         kinds: Collection[str] | None = None,
         alone: bool = True,
     ) -> ClaimResult:
-        wanted = _kinds(kinds)
+        wanted = kinds_list(kinds)
         self._woken.clear()  # this claim sees everything written before it
 
         async def verb(tx: Transaction) -> ClaimResult:
@@ -167,87 +151,12 @@ class SQLiteStore:
 
         return await self._write(verb)
 
-    async def claim_polls(
-        self, worker: str, limit: int, *, lease_for: float, kinds: Collection[str] | None = None
-    ) -> ClaimResult:
-        wanted = _kinds(kinds)
-        return await self._write(lambda tx: tx.claim_polls(worker, limit, lease_for, wanted))
-
-    # -- lease holders
-
-    async def renew(self, leases: Sequence[Lease], *, lease_for: float) -> list[Lease | None]:
-        held = tuple(leases)
-        return await self._write(lambda tx: tx.renew(held, lease_for))
-
-    async def start(self, lease: Lease, gates: Collection[str] | None = None) -> None:
-        chosen = None if gates is None else frozenset(gates)
-        await self._write(lambda tx: tx.start(lease, chosen))
-
-    async def finish(self, lease: Lease, outcome: Outcome) -> None:
-        await self._write(lambda tx: tx.finish(lease, outcome))
-
-    async def finish_many(
-        self, outcomes: Sequence[tuple[Lease, Outcome]]
-    ) -> list[HeadraceError | None]:
-        return await self._write(lambda tx: tx.finish_many(outcomes))
-
-    # -- cancellation and reaping
-
-    async def cancel(self, task_id: int) -> bool:
-        return await self._write(lambda tx: tx.cancel(task_id))
-
-    async def redrive(
-        self,
-        *,
-        task_ids: Collection[int] | None = None,
-        group: str | None = None,
-        kind: str | None = None,
-    ) -> list[int]:
-        ids = None if task_ids is None else sorted(task_ids)
-        return await self._write(lambda tx: tx.redrive(ids, group, kind))
-
-    async def reap(self) -> int:
-        return await self._write(lambda tx: tx.reap())
-
-    # -- reading
-
-    async def get(self, task_id: int) -> TaskRecord:
-        return await self._read(lambda tx: tx.task(task_id))
-
-    async def find(self, key: str) -> TaskRecord | None:
-        return await self._read(lambda tx: tx.find(key))
-
-    async def tasks(
-        self,
-        *,
-        group: str | None = None,
-        state: TaskState | None = None,
-        kind: str | None = None,
-        limit: int = 1000,
-    ) -> list[TaskRecord]:
-        return await self._read(lambda tx: tx.tasks(group, state, kind, limit))
-
-    async def attempts(self, task_id: int) -> list[Attempt]:
-        return await self._read(lambda tx: tx.attempts(task_id))
-
-    async def counts(self, *, kinds: Collection[str] | None = None) -> dict[TaskState, int]:
-        return await self._read(lambda tx: tx.counts(_kinds(kinds)))
-
-    async def stages(self, *, kinds: Collection[str] | None = None) -> list[StageStats]:
-        return await self._read(lambda tx: tx.stages(_kinds(kinds)))
-
-    async def groups(self) -> list[str]:
-        return await self._read(lambda tx: tx.groups())
-
-    async def group_report(self, group: str) -> GroupReport:
-        return await self._read(lambda tx: tx.group_report(group))
-
-    async def gate_statistics(self) -> list[GateStatistics]:
-        return await self._read(lambda tx: tx.gate_statistics())
-
     # -- the worker thread
 
-    async def _write(self, verb: Callable[[Transaction], Awaitable[T]]) -> T:
+    async def _write(
+        self, verb: Callable[[Transaction], Awaitable[T]], *, clock_first: bool = True
+    ) -> T:
+        """Every write reads the clock first: it holds the file's write lock from its start."""
         result = await self._in_thread(lambda: self._transact("begin_write", verb))
         if self._woke:  # committed: this process's idle workers may claim
             self._woke = False
@@ -459,10 +368,6 @@ def _drive(steps: Coroutine[Any, Any, T]) -> T:
         return cast(T, done.value)
     steps.close()
     raise StoreError("sqlite store: a transaction step waited on something else than the file")
-
-
-def _kinds(kinds: Collection[str] | None) -> list[str] | None:
-    return None if kinds is None else sorted(kinds)
 
 
 def _translated(work: Callable[[], T]) -> T:

@@ -1,0 +1,141 @@
+"""The `Store` verbs of the SQL stores, each one transaction of the state machine
+(`store/machine.py`): written once for SQLite and PostgreSQL, which differ only in how they run a
+transaction (`_write`, `_read`) and in their claims."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from typing import Protocol, TypeVar
+
+from headrace.policy.errors import HeadraceError
+from headrace.policy.gate import GateStatistics
+from headrace.store.machine import Transaction
+from headrace.store.types import (
+    Attempt,
+    ClaimResult,
+    GroupReport,
+    Lease,
+    NewTask,
+    Outcome,
+    StageStats,
+    Submitted,
+    TaskRecord,
+    TaskState,
+)
+
+T = TypeVar("T")
+Verb = Callable[[Transaction], Awaitable[T]]
+
+
+class Transacts(Protocol):
+    """A store that runs a machine step as one transaction. `clock_first=False`: the step reads
+    the store's clock itself, once it holds its rows (a store that serialises writers may read
+    it first anyway)."""
+
+    async def _write(self, verb: Verb[T], *, clock_first: bool = True) -> T: ...
+
+    async def _read(self, verb: Verb[T]) -> T: ...
+
+
+class TransactionVerbs:
+    """The verbs a store that `Transacts` runs as one transaction each, mixed into its class."""
+
+    # -- submission
+
+    async def submit(
+        self: Transacts, tasks: Sequence[NewTask], *, bounds: Mapping[str, int] | None = None
+    ) -> list[Submitted]:
+        batch, limits = tuple(tasks), dict(bounds or {})
+        return await self._write(lambda tx: tx.submit(batch, limits), clock_first=False)
+
+    async def claim_polls(
+        self: Transacts,
+        worker: str,
+        limit: int,
+        *,
+        lease_for: float,
+        kinds: Collection[str] | None = None,
+    ) -> ClaimResult:
+        wanted = kinds_list(kinds)
+        return await self._write(lambda tx: tx.claim_polls(worker, limit, lease_for, wanted))
+
+    # -- lease holders
+
+    async def renew(
+        self: Transacts, leases: Sequence[Lease], *, lease_for: float
+    ) -> list[Lease | None]:
+        held = tuple(leases)
+        return await self._write(lambda tx: tx.renew(held, lease_for))
+
+    async def start(self: Transacts, lease: Lease, gates: Collection[str] | None = None) -> None:
+        chosen = None if gates is None else frozenset(gates)
+        await self._write(lambda tx: tx.start(lease, chosen), clock_first=False)
+
+    async def finish(self: Transacts, lease: Lease, outcome: Outcome) -> None:
+        await self._write(lambda tx: tx.finish(lease, outcome), clock_first=False)
+
+    async def finish_many(
+        self: Transacts, outcomes: Sequence[tuple[Lease, Outcome]]
+    ) -> list[HeadraceError | None]:
+        batch = tuple(outcomes)
+        return await self._write(lambda tx: tx.finish_many(batch), clock_first=False)
+
+    # -- cancellation and reaping
+
+    async def cancel(self: Transacts, task_id: int) -> bool:
+        return await self._write(lambda tx: tx.cancel(task_id))
+
+    async def redrive(
+        self: Transacts,
+        *,
+        task_ids: Collection[int] | None = None,
+        group: str | None = None,
+        kind: str | None = None,
+    ) -> list[int]:
+        ids = None if task_ids is None else sorted(task_ids)
+        return await self._write(lambda tx: tx.redrive(ids, group, kind))
+
+    async def reap(self: Transacts) -> int:
+        return await self._write(lambda tx: tx.reap())
+
+    # -- reading
+
+    async def get(self: Transacts, task_id: int) -> TaskRecord:
+        return await self._read(lambda tx: tx.task(task_id))
+
+    async def find(self: Transacts, key: str) -> TaskRecord | None:
+        return await self._read(lambda tx: tx.find(key))
+
+    async def tasks(
+        self: Transacts,
+        *,
+        group: str | None = None,
+        state: TaskState | None = None,
+        kind: str | None = None,
+        limit: int = 1000,
+    ) -> list[TaskRecord]:
+        return await self._read(lambda tx: tx.tasks(group, state, kind, limit))
+
+    async def attempts(self: Transacts, task_id: int) -> list[Attempt]:
+        return await self._read(lambda tx: tx.attempts(task_id))
+
+    async def counts(
+        self: Transacts, *, kinds: Collection[str] | None = None
+    ) -> dict[TaskState, int]:
+        return await self._read(lambda tx: tx.counts(kinds_list(kinds)))
+
+    async def stages(self: Transacts, *, kinds: Collection[str] | None = None) -> list[StageStats]:
+        return await self._read(lambda tx: tx.stages(kinds_list(kinds)))
+
+    async def groups(self: Transacts) -> list[str]:
+        return await self._read(lambda tx: tx.groups())
+
+    async def group_report(self: Transacts, group: str) -> GroupReport:
+        return await self._read(lambda tx: tx.group_report(group))
+
+    async def gate_statistics(self: Transacts) -> list[GateStatistics]:
+        return await self._read(lambda tx: tx.gate_statistics())
+
+
+def kinds_list(kinds: Collection[str] | None) -> list[str] | None:
+    return None if kinds is None else sorted(kinds)
