@@ -1,24 +1,34 @@
-"""`python -m bench [--quick] [--out FILE]`: every benchmark, printed as tables, saved as JSON."""
+"""`python -m bench [--quick] [--only SECTION]`: benchmarks, printed as tables, saved as JSON."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
+from bench.claims import ClaimCost, claim_figures
 from bench.contention import Contention, contention_figures
-from bench.postgres import PostgresFigures, postgres_figures
+from bench.peers.systems import SYSTEMS
 from bench.quota import QuotaRun, quota_figures
 from bench.studio import StudioFigure, studio_figures
 from bench.throughput import Throughput, throughput_figures
 
+if TYPE_CHECKING:
+    # The peer section's libraries are imported when it runs: pip install -e '.[bench]'
+    from bench.peers.harness import Drain, PeerFigures
+
 DEFAULT_OUT = Path(__file__).parent / "results" / "latest.json"
+DEFAULT_CHART = Path(__file__).parents[1] / "docs" / "img" / "peers.png"
+SECTIONS = ("studio", "throughput", "claims", "quota", "contention", "peers")
+POSTGRES_SYSTEMS = ("headrace-postgres", "procrastinate", "pgqueuer")
 
 
 def studio_table(figures: list[StudioFigure]) -> Table:
@@ -94,47 +104,89 @@ def contention_table(runs: list[Contention]) -> Table:
     return table
 
 
-def postgres_tables(figures: PostgresFigures) -> list[Table]:
-    rates = Table(title="No-op tasks per second, one worker of 16 slots (real time, PostgreSQL)")
-    for column in ("case", "tasks", "seconds", "tasks/s", "vs procrastinate"):
-        rates.add_column(column, justify="left" if column == "case" else "right")
-    peer = next(f for f in figures.throughput if f.case.startswith("procrastinate"))
-    for f in figures.throughput:
-        ratio = f"{f.tasks_per_s / peer.tasks_per_s:.1f}x"
-        rates.add_row(f.case, str(f.tasks), f"{f.seconds:.2f}", f"{f.tasks_per_s:,.0f}", ratio)
-    latency = Table(title="Enqueue -> start on an idle worker (producer in another process)")
-    columns = ("case", "samples", "p50 ms", "p99 ms", "submit p50", "committed->start p50")
-    for column in (*columns, "vs procrastinate"):
-        latency.add_column(column, justify="left" if column == "case" else "right")
-    slowest = next(f for f in figures.latency if f.case.startswith("procrastinate"))
-    for lat in figures.latency:
-        latency.add_row(
-            lat.case,
-            str(lat.samples),
-            f"{lat.p50_ms:.2f}",
-            f"{lat.p99_ms:.2f}",
-            f"{lat.submit_p50_ms:.2f}",
-            f"{lat.queued_p50_ms:.2f}",
-            f"{lat.p50_ms / slowest.p50_ms:.2f}",
-        )
-    claims = Table(title="Claim of 16 tasks against the size of the ready queue (PostgreSQL)")
+def claims_table(claims: list[ClaimCost]) -> Table:
+    table = Table(title="Claim of 16 tasks against the size of the ready queue (PostgreSQL)")
     for column in ("ready tasks", "claims", "p50 ms", "p99 ms", "vs smallest"):
-        claims.add_column(column, justify="right")
-    smallest = figures.claims[0]
-    for c in figures.claims:
+        table.add_column(column, justify="right")
+    smallest = claims[0]
+    for c in claims:
         ratio = f"{c.p50_ms / smallest.p50_ms:.2f}"
-        claims.add_row(f"{c.ready:,}", str(c.claims), f"{c.p50_ms:.2f}", f"{c.p99_ms:.2f}", ratio)
-    return [rates, latency, claims]
+        table.add_row(f"{c.ready:,}", str(c.claims), f"{c.p50_ms:.2f}", f"{c.p99_ms:.2f}", ratio)
+    return table
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to save the JSON")
-    parser.add_argument("--no-postgres", action="store_true", help="skip the PostgreSQL benchmarks")
-    parser.add_argument("--no-quota", action="store_true", help="skip the shared-quota runs")
-    args = parser.parse_args()
-    console = Console(width=110)
+def _baseline(figures: PeerFigures) -> str | None:
+    """The headrace case the peers are compared with: PostgreSQL's, else SQLite's."""
+    ran = {d.system for d in figures.drains if d.error is None}
+    return next((name for name in ("headrace-postgres", "headrace-sqlite") if name in ran), None)
+
+
+def peer_tables(figures: PeerFigures) -> list[Table]:
+    base = _baseline(figures)
+    against = f"; vs: against {base} in this run" if base else ""
+    return [peer_rates_table(figures, base, against), peer_latency_table(figures, base, against)]
+
+
+def peer_rates_table(figures: PeerFigures, base: str | None, against: str) -> Table:
+    rates = Table(
+        title=f"No-op tasks per second: {figures.tasks:,} queued, then drained by 1 and by 4 "
+        f"worker processes{against}"
+    )
+    columns = ["system", "store", "1 process", "4 processes", "4 / 1", "spread, 4"]
+    columns += ["vs, 1", "vs, 4"] if base else []
+    for column in columns:
+        rates.add_column(column, justify="left" if column in ("system", "store") else "right")
+    drains = {(d.system, d.processes): d for d in figures.drains}
+    for system in figures.systems:
+        one, four = drains[system.name, 1], drains[system.name, 4]
+        spread = "" if four.error else f"{four.start_spread_s:.2f}s"
+        row = [system.name, system.store, _rate(one), _rate(four), _ratio(four, one), spread]
+        if base:
+            row += [_ratio(one, drains[base, 1]), _ratio(four, drains[base, 4])]
+        rates.add_row(*row)
+    return rates
+
+
+def peer_latency_table(figures: PeerFigures, base: str | None, against: str) -> Table:
+    latency = Table(title=f"Enqueue -> start on an idle worker process{against}")
+    columns = ["system", "store", "samples", "p50 ms", "p99 ms", "call p50", "after call p50"]
+    columns += ["vs, p50"] if base else []
+    for column in columns:
+        latency.add_column(column, justify="left" if column in ("system", "store") else "right")
+    stores = {system.name: system.store for system in figures.systems}
+    waits = {lat.system: lat for lat in figures.latency}
+    for lat in figures.latency:
+        if lat.error is not None:
+            latency.add_row(lat.system, stores[lat.system], "failed", *[""] * (len(columns) - 3))
+            continue
+        row = [lat.system, stores[lat.system], str(lat.samples), f"{lat.p50_ms:.2f}"]
+        row += [f"{lat.p99_ms:.2f}", f"{lat.enqueue_p50_ms:.2f}", f"{lat.queued_p50_ms:.2f}"]
+        if base:
+            reference = waits[base]
+            row += [f"{lat.p50_ms / reference.p50_ms:.2f}" if reference.error is None else ""]
+        latency.add_row(*row)
+    return latency
+
+
+def _rate(d: Drain) -> str:
+    return "failed" if d.error is not None else f"{d.tasks_per_s:,.0f}"
+
+
+def _ratio(d: Drain, reference: Drain) -> str:
+    if d.error is not None or reference.error is not None:
+        return ""
+    return f"{d.tasks_per_s / reference.tasks_per_s:.2f}"
+
+
+def peer_failures(figures: PeerFigures) -> list[str]:
+    drains = [
+        f"{d.system}, {d.processes} process(es): {d.error}" for d in figures.drains if d.error
+    ]
+    waits = [f"{lat.system}, enqueue -> start: {lat.error}" for lat in figures.latency if lat.error]
+    return drains + waits
+
+
+def run_studio(args: argparse.Namespace, console: Console) -> dict[str, object]:
     studio = studio_figures(args.quick)
     console.print(studio_table(studio))
     held = next(f for f in studio if f.case.endswith("held"))
@@ -142,29 +194,111 @@ def main() -> None:
     console.print(
         f"video slot held / returned makespan: {held.makespan_s / returned.makespan_s:.2f}"
     )
-    throughput = throughput_figures(args.quick)
-    console.print(throughput_table(throughput))
-    postgres = None if args.no_postgres else postgres_figures(args.quick)
-    if postgres is not None:
-        for table in postgres_tables(postgres):
-            console.print(table)
-    quota = [] if args.no_quota else quota_figures(postgres=not args.no_postgres)
-    if quota:
-        console.print(quota_table(quota))
-    contention = [] if args.no_postgres else contention_figures()
-    if contention:
-        console.print(contention_table(contention))
-    results = {
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"python": platform.python_version(), "platform": platform.platform()},
-        "quick": args.quick,
+    return {
         "studio": [asdict(f) for f in studio],
         "held_over_returned": round(held.makespan_s / returned.makespan_s, 3),
-        "throughput": [asdict(f) for f in throughput],
-        "postgres": asdict(postgres) if postgres is not None else None,
-        "quota": [{**asdict(run), "ratio": round(run.ratio, 4)} for run in quota],
-        "contention": [asdict(run) for run in contention],
     }
+
+
+def run_throughput(args: argparse.Namespace, console: Console) -> dict[str, object]:
+    throughput = throughput_figures(args.quick)
+    console.print(throughput_table(throughput))
+    return {"throughput": [asdict(f) for f in throughput]}
+
+
+def run_claims(args: argparse.Namespace, console: Console) -> dict[str, object]:
+    claims = claim_figures(args.quick)
+    console.print(claims_table(claims))
+    return {"claims": [asdict(c) for c in claims]}
+
+
+def run_quota(args: argparse.Namespace, console: Console) -> dict[str, object]:
+    quota = quota_figures(postgres=not args.no_postgres)
+    console.print(quota_table(quota))
+    return {"quota": [{**asdict(run), "ratio": round(run.ratio, 4)} for run in quota]}
+
+
+def run_contention(args: argparse.Namespace, console: Console) -> dict[str, object]:
+    contention = contention_figures()
+    console.print(contention_table(contention))
+    return {"contention": [asdict(run) for run in contention]}
+
+
+def run_peers(args: argparse.Namespace, console: Console) -> dict[str, object]:
+    from bench.peers.chart import draw
+    from bench.peers.harness import peer_figures
+
+    skipped = POSTGRES_SYSTEMS if args.no_postgres else ()
+    chosen = args.system or SYSTEMS
+    names = [name for name in SYSTEMS if name in chosen and name not in skipped]
+    tasks, samples = (1000, 50) if args.quick else (10_000, 200)
+    figures = peer_figures(names, tasks, samples, console.log)
+    for table in peer_tables(figures):
+        console.print(table)
+    for failure in peer_failures(figures):
+        console.print(f"failed: {failure}")
+    caption = (
+        f"python -m bench, peer section, {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, "
+        f"{os.cpu_count()} cores, 1-minute load {figures.load_before:.1f} before and "
+        f"{figures.load_after:.1f} after"
+    )
+    draw(figures, args.chart, caption)
+    console.print(f"saved {args.chart}")
+    return {"peers": {**asdict(figures), "chart": str(args.chart)}}
+
+
+RUNS = {
+    "studio": run_studio,
+    "throughput": run_throughput,
+    "claims": run_claims,
+    "quota": run_quota,
+    "contention": run_contention,
+    "peers": run_peers,
+}
+
+
+def sections(args: argparse.Namespace) -> list[str]:
+    skipped = {
+        "claims": args.no_postgres,
+        "contention": args.no_postgres,
+        "quota": args.no_quota,
+        "peers": args.no_peers,
+    }
+    chosen = args.only or SECTIONS
+    return [name for name in SECTIONS if name in chosen and not skipped.get(name, False)]
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to save the JSON")
+    parser.add_argument("--only", action="append", choices=SECTIONS, help="run this section")
+    parser.add_argument("--no-postgres", action="store_true", help="skip what needs PostgreSQL")
+    parser.add_argument("--no-quota", action="store_true", help="skip the shared-quota runs")
+    parser.add_argument("--no-peers", action="store_true", help="skip the peer section")
+    parser.add_argument(
+        "--system", action="append", choices=list(SYSTEMS), help="peer section: only this system"
+    )
+    parser.add_argument(
+        "--chart", type=Path, default=DEFAULT_CHART, help="where to draw the peer section's PNG"
+    )
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments()
+    console = Console(width=110)
+    results: dict[str, object] = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cores": os.cpu_count(),
+        },
+        "quick": args.quick,
+    }
+    for name in sections(args):
+        results.update(RUNS[name](args, console))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     console.print(f"saved {args.out}")
