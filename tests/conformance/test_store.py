@@ -778,6 +778,16 @@ async def test_group_report(store: Store) -> None:
     assert counts[TaskState.SUCCEEDED] == 2 and counts[TaskState.READY] == 2
 
 
+async def test_a_groups_cost_adds_up_what_every_worker_spent(store: Store) -> None:
+    await store.submit([task(f"s{n}", kind="speech", group="ep1", cost=1.5) for n in range(4)])
+    first = await store.claim("w1", 2, lease_for=30.0)
+    second = await store.claim("w2", 2, lease_for=30.0)
+    await store.finish_many([(lease, Succeeded()) for lease in first.leases])
+    await store.finish_many([(lease, Succeeded(cost=2.0)) for lease in second.leases])
+    report = await store.group_report("ep1")
+    assert report.cost == {"speech": 7.0}  # 1.5 twice by w1, 2.0 twice by w2
+
+
 async def test_claim_only_the_kinds_asked_for(store: Store) -> None:
     await store.submit([task("a", kind="image"), task("b", kind="speech")])
     result = await store.claim("w1", 5, lease_for=LEASE, kinds=["speech"])

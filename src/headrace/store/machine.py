@@ -4,10 +4,11 @@ statements. A backend is a `Driver`: it runs a named statement of its own dialec
 its rows; the memory store is the model the conformance suite holds this to.
 
 Writers lock rows in one order: tasks (by id), then gates (by name), then flows (by name), then
-the store-wide counters, and the cost ledger last, at the commit. An outcome (or a batch of
-them) locks all it will touch before it writes anything. Where a claim discovers a gate out of
-that order it takes the row only if it is free. On a database with row locks (PostgreSQL) the
-`lock_*` statements take them; on one that serialises writers (SQLite) they only read.
+the store-wide counters, and the cost ledger (a row per group, kind and worker) last. An outcome
+(or a batch of them) locks all it will touch before it writes anything. Where a claim discovers
+a gate out of that order it takes the row only if it is free. On a database with row locks
+(PostgreSQL) the `lock_*` statements take them; on one that serialises writers (SQLite) they
+only read.
 
 Time: with no clock given, every lease, run_at and gate time is the server's clock read in the
 transaction (again after waiting for gate rows), so hosts with skewed clocks agree; with a
@@ -27,7 +28,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from headrace.policy import fairness, poison
+from headrace.policy import fairness, ledger, poison
 from headrace.policy import gate as gating
 from headrace.policy.clock import Clock
 from headrace.policy.errors import (
@@ -276,7 +277,7 @@ class Transaction:
         self._tickets: dict[int, list[Row]] = {}  # ticket counts read, by task
         self._held: dict[int, TaskRecord] = {}  # tasks locked for outcomes, not yet written
         self._dependents = False  # `prepare` locked tasks waiting on those outcomes
-        self._ledger: dict[tuple[str, str], float] = {}  # units to add, by (group, kind)
+        self._ledger: dict[tuple[str, str, str], float] = {}  # units, by (group, kind, worker)
         self._counters: Pending | None = None  # meta_values, sent early
         self._finishes: dict[str, float] = {}  # flows' finish tags after tagging new tasks
 
@@ -336,9 +337,9 @@ class Transaction:
     async def conclude(self) -> None:
         """Write what the transaction kept until its end: gate states, then the ledger."""
         await self.gates.flush()
-        if self._ledger:  # last, in key order: the ledger's rows are the hottest
-            units = sorted(self._ledger.items())
-            params = [{"grp": grp, "kind": kind, "units": n} for (grp, kind), n in units]
+        if self._ledger:  # last, in key order
+            charged = sorted(self._ledger.items())
+            params = [{"grp": g, "kind": k, "worker": w, "units": n} for (g, k, w), n in charged]
             await self.run_many("add_to_ledger", params)
 
     # -- submission
@@ -908,13 +909,13 @@ class Transaction:
                     results.append(LeaseLost(lease.task_id))
                 continue
             await self.write_successes(plain)  # before this outcome, as in batch order
-            before, ledger = self.gates.snapshot(), dict(self._ledger)
+            before, charged = self.gates.snapshot(), dict(self._ledger)
             try:
                 async with self.driver.savepoint():
                     await self.apply(lease, outcome)
             except HeadraceError as error:
                 self.gates.restore(before)
-                self._ledger = ledger
+                self._ledger = charged
                 self._tickets.clear()  # read again: the rollback may have restored some
                 results.append(error)
             else:
@@ -928,11 +929,16 @@ class Transaction:
         assert isinstance(outcome, Succeeded)
         await self.lock_gates_for(task, ())
         await self.release(task.id, delete=False)
-        units = outcome.cost if outcome.cost is not None else task.cost
-        entry = (task.group or "", task.kind)
-        self._ledger[entry] = self._ledger.get(entry, 0.0) + units
+        self.charge(task, outcome)
         # Listeners hear of it if tickets came back (`release`) or dependents may be ready.
         self.wake = self.wake or self._dependents
+
+    def charge(self, task: TaskRecord, outcome: Succeeded) -> None:
+        """Add a success's units to its group's ledger, written at the end of the transaction
+        into the shard of the worker that ran it (no other writer waits on that row)."""
+        entry = (task.group or "", task.kind, task.worker or "")
+        units = ledger.units_spent(task.cost, outcome.cost)
+        self._ledger[entry] = self._ledger.get(entry, 0.0) + units
 
     async def write_successes(self, tasks: list[TaskRecord]) -> None:
         """The rows of a run of plain successes, in one statement (as `succeed_task` each)."""
@@ -963,9 +969,7 @@ class Transaction:
         await self.lock_gates_for(task, ())
         await self.release(task.id, delete=False)
         await self.run("succeed_task", id=task.id, number=task.attempt)
-        units = outcome.cost if outcome.cost is not None else task.cost
-        entry = (task.group or "", task.kind)
-        self._ledger[entry] = self._ledger.get(entry, 0.0) + units
+        self.charge(task, outcome)
         states[task.id] = TaskState.SUCCEEDED  # successors that wait on it have nothing to wait for
         await self.create(outcome.successors, states, planned)
         self.wake = True
@@ -1143,8 +1147,8 @@ class Transaction:
 
     async def group_report(self, group: str) -> GroupReport:
         by_state = counts_by_state(await self.rows("group_counts", grp=group))
-        ledger = await self.rows("group_ledger", grp=group)
-        cost = dict(sorted((str(r["kind"]), float(r["units"])) for r in ledger))
+        spent = await self.rows("group_ledger", grp=group)
+        cost = dict(sorted((str(r["kind"]), float(r["units"])) for r in spent))
         failures = tuple(
             Failure(r["id"], r["kind"], r["ref"], r["error_code"], r["attempt"])
             for r in await self.rows("group_failures", grp=group)

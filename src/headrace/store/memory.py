@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import replace
 
-from headrace.policy import fairness, poison
+from headrace.policy import fairness, ledger, poison
 from headrace.policy import gate as gating
 from headrace.policy.clock import Clock, LoopClock
 from headrace.policy.errors import (
@@ -486,8 +486,7 @@ class MemoryStore:
                 task, state=TaskState.SUCCEEDED, finished_at=now, lease_until=None, error_code=None
             )
         )
-        units = outcome.cost if outcome.cost is not None else task.cost
-        self._ledger[(task.group or "", task.kind)] += units
+        self._ledger[(task.group or "", task.kind)] += ledger.units_spent(task.cost, outcome.cost)
         self._create(outcome.successors, now)
         for dependent in sorted(self._dependents.pop(task.id, set())):
             self._unmet[dependent] -= 1

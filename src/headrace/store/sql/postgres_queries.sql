@@ -572,10 +572,10 @@ SET state = 'succeeded', finished_at = %(now)s::double precision, lease_until = 
 WHERE id = ANY(%(ids)s::bigint[]);
 
 -- name: add_to_ledger
--- Add succeeded tasks' units to their group's ledger.
-INSERT INTO ledger (grp, kind, units)
-VALUES (%(grp)s::text, %(kind)s::text, %(units)s::double precision)
-ON CONFLICT (grp, kind) DO UPDATE SET units = ledger.units + excluded.units;
+-- Add succeeded tasks' units to their group's ledger, in the shard of the worker that ran them.
+INSERT INTO ledger (grp, kind, worker, units)
+VALUES (%(grp)s::text, %(kind)s::text, %(worker)s::text, %(units)s::double precision)
+ON CONFLICT (grp, kind, worker) DO UPDATE SET units = ledger.units + excluded.units;
 
 -- name: mark_retry
 -- Queue a task for another attempt at run_at; a waiting task's remote job has ended in failure.
@@ -644,8 +644,8 @@ SELECT DISTINCT grp FROM tasks WHERE grp IS NOT NULL;
 SELECT state, count(*) AS n FROM tasks WHERE grp = %(grp)s::text GROUP BY state;
 
 -- name: group_ledger
--- A group's units per kind.
-SELECT kind, units FROM ledger WHERE grp = %(grp)s::text;
+-- A group's units per kind, summed over the workers' shards.
+SELECT kind, sum(units) AS units FROM ledger WHERE grp = %(grp)s::text GROUP BY kind;
 
 -- name: group_failures
 -- A group's dead tasks with their safe error codes.

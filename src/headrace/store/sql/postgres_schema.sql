@@ -123,9 +123,10 @@ CREATE TABLE attempts (
 );
 
 -- Units spent by succeeded tasks, per group ('' for none) and kind.
-CREATE TABLE ledger (
-    grp   text             NOT NULL,
-    kind  text             NOT NULL,
-    units double precision NOT NULL,
-    PRIMARY KEY (grp, kind)
+CREATE TABLE ledger (  -- a shard per worker: summed when read
+    grp    text             NOT NULL,
+    kind   text             NOT NULL,
+    units  double precision NOT NULL,
+    worker text             NOT NULL DEFAULT '',
+    PRIMARY KEY (grp, kind, worker)
 );

@@ -163,7 +163,7 @@ SET run_at = :run_at, lease_until = NULL, worker = NULL, error_code = coalesce(:
 WHERE id = :id;
 
 -- name: add_to_ledger
--- Add a succeeded task's units to its group's ledger.
+-- Add succeeded tasks' units to their group's ledger (one row per group and kind: writers take turns on the file, so the worker's shard is not needed).
 INSERT INTO ledger (grp, kind, units) VALUES (:grp, :kind, :units)
 ON CONFLICT (grp, kind) DO UPDATE SET units = units + excluded.units;
 
