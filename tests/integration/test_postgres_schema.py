@@ -137,7 +137,6 @@ async def test_migrating_from_empty_gives_the_declared_schema(
         "tickets",
         "gates",
         "flows",
-        "meta",
         "attempts",
         "ledger",
     }

@@ -273,6 +273,7 @@ class Transaction:
         self._virtual_time: float | None = None
         self._dispatches: int | None = None
         self._served: dict[str, int] = {}
+        self._last_tags: dict[str, float] = {}  # the tag of each flow's last task dispatched now
         self._served_now: set[str] = set()
         self._tickets: dict[int, list[Row]] = {}  # ticket counts read, by task
         self._held: dict[int, TaskRecord] = {}  # tasks locked for outcomes, not yet written
@@ -689,6 +690,7 @@ class Transaction:
         self._dispatches = (self._dispatches or 0) + 1
         self._served[task.flow] = self._dispatches
         self._served_now.add(task.flow)
+        self._last_tags[task.flow] = max(self._last_tags.get(task.flow, task.tag), task.tag)
 
     async def lease(
         self, chosen: Sequence[TaskRecord], worker: str, lease_for: float, wake_at: float | None
@@ -709,10 +711,11 @@ class Transaction:
             worker=worker,
             until=until,
             virtual_time=self._virtual_time or 0.0,
-            # turns numbered from this claim's count, renumbered after every dispatch counted
+            # turns numbered up to this claim's count (`base`), renumbered once it is counted
             base=self._dispatches or 0,
             flows=flows,
             served=[self._served[flow] for flow in flows],
+            tags=[self._last_tags[flow] for flow in flows],
         )
         return Claimed(leased, ids, until, self.now, wake_at)
 

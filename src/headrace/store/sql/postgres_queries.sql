@@ -152,8 +152,10 @@ WHERE id = %(id)s::bigint AND state = 'cancelled' AND error_code = 'upstream_fai
 RETURNING id;
 
 -- name: meta_values
--- The store-wide numbers: the fair-queueing virtual time and the dispatch count.
-SELECT name, value FROM meta;
+-- The store-wide numbers: the fair-queueing virtual time (the largest tag a flow dispatched) and the last dispatch number.
+SELECT 'dispatches' AS name, (SELECT last_value FROM dispatches)::double precision AS value
+UNION ALL
+SELECT 'virtual_time', (SELECT coalesce(max(last_tag), 0) FROM flows);
 
 -- name: add_flows
 -- Flows seen for the first time, in name order (the order every writer locks flows in).
@@ -175,7 +177,7 @@ SELECT array_agg(flow) AS flows,
            SELECT nextval(pg_get_serial_sequence('tasks', 'id'))
            FROM generate_series(1, %(n)s::integer)
        ) AS ids,
-       (SELECT value FROM meta WHERE name = 'virtual_time') AS virtual_time,
+       (SELECT coalesce(max(last_tag), 0) FROM flows) AS virtual_time,
        -- the clock once every flow is locked
        coalesce(%(clock)s::double precision, extract(epoch FROM max(locked_at))) AS now,
        -- the insert's plan is made once per connection, not at every submit
@@ -197,7 +199,7 @@ WITH batch AS (
     FOR UPDATE
 ), start AS (
     SELECT (SELECT count(*) FROM locked) = (SELECT count(*) FROM batch) AS complete,
-           (SELECT value FROM meta WHERE name = 'virtual_time') AS virtual_time,
+           (SELECT coalesce(max(last_tag), 0) FROM flows) AS virtual_time,
            -- the clock once every flow is locked
            coalesce(
                %(clock)s::double precision,
@@ -288,8 +290,8 @@ WHERE tasks.id = p.id;
 -- name: claim_start
 -- A claim's time, kept for its statements as `headrace.now`, counters, next run_at; its settings.
 SELECT c.now,
-       (SELECT value FROM meta WHERE name = 'dispatches') AS dispatches,
-       (SELECT value FROM meta WHERE name = 'virtual_time') AS virtual_time,
+       (SELECT last_value FROM dispatches) AS dispatches,
+       (SELECT coalesce(max(last_tag), 0) FROM flows) AS virtual_time,
        (SELECT min(run_at) FROM tasks WHERE state = 'ready' AND run_at > c.now) AS next_at,
        -- the candidates walk the claim-order index, never sort the whole queue (before ANALYZE
        -- has seen a burst, the planner would); kept for the rest of the claim
@@ -367,7 +369,7 @@ FROM edge AS e LEFT JOIN chosen AS c ON true
 ORDER BY c.tier, c.tag, c.id;
 
 -- name: lease_tasks
--- Lease ready tasks under new fencing tokens, with attempts and tickets; count them, number the turns.
+-- Lease ready tasks under new fencing tokens, with attempts and tickets; number the flows' turns, move their last tags.
 WITH leased AS (
     UPDATE tasks
     SET state = 'running', attempt = attempt + 1, worker = %(worker)s::text,
@@ -380,21 +382,20 @@ WITH leased AS (
 ), granted AS (  -- a ticket on a rated gate reserves a start, stamped later
     INSERT INTO tickets (task_id, gate, started)
     SELECT id, gate, gate <> ALL(%(rated)s::text[]) FROM leased, unnest(gates) AS g (gate)
-), counted AS (
-    -- both rows in one statement, so every claim locks them in the same order
-    UPDATE meta
-    SET value = CASE name
-        WHEN 'dispatches' THEN value + (SELECT count(*) FROM leased)
-        ELSE greatest(value, %(virtual_time)s::double precision)
-    END
-    WHERE name IN ('dispatches', 'virtual_time')
-    RETURNING name, value
+), numbered AS (  -- a dispatch number each, drawn from the sequence: no row locked
+    SELECT n, row_number() OVER (ORDER BY n) AS i
+    FROM (SELECT nextval('dispatches') AS n FROM leased) AS drawn
 ), turns AS (
-    -- flows locked before; this claim's turns (numbered from `base`) after every dispatch
+    -- flows locked before; this claim's turns, numbered up to `base`, take the numbers drawn
     UPDATE flows
-    SET served = f.served - %(base)s::bigint
-        + (SELECT value FROM counted WHERE name = 'dispatches')::bigint
-    FROM unnest(%(flows)s::text[], %(served)s::bigint[]) AS f (flow, served)
+    SET served = (
+            SELECT n FROM numbered
+            WHERE i = f.served - %(base)s::bigint + cardinality(%(ids)s::bigint[])
+        ),
+        last_tag = greatest(flows.last_tag, f.tag)
+    FROM unnest(
+        %(flows)s::text[], %(served)s::bigint[], %(tags)s::double precision[]
+    ) AS f (flow, served, tag)
     WHERE flows.flow = f.flow
 )
 SELECT * FROM leased;

@@ -98,16 +98,13 @@ CREATE TABLE gates (
 CREATE TABLE flows (
     flow       text             PRIMARY KEY,
     finish_tag double precision NOT NULL DEFAULT 0,
-    served     bigint           NOT NULL DEFAULT 0
+    served     bigint           NOT NULL DEFAULT 0,  -- the dispatch number of its last turn
+    last_tag   double precision NOT NULL DEFAULT 0   -- the largest tag it dispatched
 );
 
--- Store-wide numbers: the fair-queueing virtual time and the dispatch count.
-CREATE TABLE meta (
-    name  text             PRIMARY KEY,
-    value double precision NOT NULL
-);
+CREATE INDEX flows_last_tag ON flows (last_tag);  -- the virtual time: their maximum
 
-INSERT INTO meta (name, value) VALUES ('dispatches', 0), ('virtual_time', 0);
+CREATE SEQUENCE dispatches AS bigint;  -- numbers dispatches for flows' turns, without a lock
 
 CREATE TABLE attempts (
     task_id     bigint           NOT NULL REFERENCES tasks (id),
