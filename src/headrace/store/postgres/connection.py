@@ -1,0 +1,211 @@
+"""The PostgreSQL store's connections: its URL and options, the driver that runs the machine's
+named statements on a pooled connection, driver errors translated, and migrations."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import errors as pgerrors
+from psycopg import sql as pgsql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.pq import ConnStatus
+from psycopg.rows import DictRow
+from psycopg.types.json import Jsonb
+
+from headrace.policy.errors import (
+    ConfigError,
+    SchemaTooNew,
+    StoreError,
+    StoreUnavailable,
+)
+from headrace.store import sql
+from headrace.store.machine import Json
+from headrace.store.urls import POSTGRES_SCHEMES
+
+T = TypeVar("T")
+Connection = psycopg.AsyncConnection[DictRow]
+Queries = Mapping[str, sql.Query]
+
+QUERIES = "postgres_queries.sql"
+MIGRATIONS = "postgres/migrations"
+URL_OPTIONS = ("schema", "pool_min", "pool_max", "durable_claims")
+BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+CONFLICTS = (pgerrors.DeadlockDetected, pgerrors.SerializationFailure)
+KEY_INDEX = "tasks_key"  # a unique violation on it: another writer took a key first
+
+
+class PipelineDriver:
+    """Named statements on a connection in pipeline mode: a statement's rows are read only
+    when wanted, so those sent before share its round trip."""
+
+    name = "postgres"
+
+    def __init__(self, conn: Connection, queries: Queries) -> None:
+        self._conn = conn
+        self._queries = queries
+
+    async def send(self, query: str, params: Mapping[str, object]) -> psycopg.AsyncCursor[DictRow]:
+        return await self._conn.execute(self._queries[query].text, adapted(params))
+
+    async def run_many(self, query: str, params: Sequence[Mapping[str, object]]) -> None:
+        async with self._conn.cursor() as cursor:
+            await cursor.executemany(self._queries[query].text, [adapted(p) for p in params])
+
+    def savepoint(self) -> contextlib.AbstractAsyncContextManager[object]:
+        return self._conn.transaction()
+
+
+def adapted(params: Mapping[str, object]) -> Mapping[str, object]:
+    if not any(isinstance(value, Json) for value in params.values()):
+        return params
+    return {k: Jsonb(v.value) if isinstance(v, Json) else v for k, v in params.items()}
+
+
+class Again(Exception):
+    """A transaction that wrote nothing and may simply run again."""
+
+    def give_up(self, tries: int) -> StoreError:
+        raise NotImplementedError
+
+
+class Conflict(Again):
+    """A transaction lost to another writer (deadlock, serialization, key race)."""
+
+    def give_up(self, tries: int) -> StoreError:
+        return StoreError(
+            f"postgres store: gave up after {tries} tries that conflicted with other writers "
+            f"({first_line(self.__cause__ or self)})"
+        )
+
+
+class Dropped(Again):
+    """The connection broke before the commit: run again on another (the pool replaces it)."""
+
+    def give_up(self, tries: int) -> StoreError:
+        return StoreUnavailable(
+            f"postgres store unavailable: {tries} connections lost "
+            f"({first_line(self.__cause__ or self)})"
+        )
+
+
+async def translated(work: Awaitable[T]) -> T:
+    try:
+        return await work
+    except Again:
+        raise
+    except CONFLICTS as exc:
+        raise Conflict from exc
+    except pgerrors.UniqueViolation as exc:
+        if exc.diag.constraint_name == KEY_INDEX:
+            raise Conflict from exc
+        raise StoreError(f"postgres store: {first_line(exc)}") from exc
+    except psycopg.OperationalError as exc:
+        raise StoreUnavailable(f"postgres store unavailable: {first_line(exc)}") from exc
+    except psycopg.Error as exc:
+        raise StoreError(f"postgres store: {first_line(exc)}") from exc
+
+
+async def migrate(conn: Connection, queries: Queries, schema: str) -> tuple[int, int]:
+    """Create the schema if needed and apply the migrations it lacks, in one transaction under
+    an advisory lock (two processes starting at once do not race); return the schema version
+    before and after."""
+    migrations = sql.load_migrations(MIGRATIONS)
+    latest = migrations[-1].version
+    create = pgsql.SQL(queries["create_schema"].text).format(schema=pgsql.Identifier(schema))
+    async with conn.transaction():
+        await conn.execute(queries["advisory_lock"].text, {"lock": f"headrace.migrate:{schema}"})
+        await conn.execute(create)
+        await conn.execute(queries["set_search_path"].text, {"schema": schema})
+        await conn.execute(queries["create_migrations_table"].text)
+        cursor = await conn.execute(queries["schema_version"].text)
+        found = await cursor.fetchone()
+        before = int(found["version"]) if found is not None else 0
+        if before > latest:
+            raise SchemaTooNew(f"schema {schema!r}", before, latest)
+        for migration in migrations[before:]:
+            for statement in migration.statements:
+                await conn.execute(statement)
+            await conn.execute(queries["record_migration"].text, {"version": migration.version})
+    return before, latest
+
+
+def split_url(url: str) -> tuple[str, dict[str, str]]:
+    """The libpq URL and headrace's own options (`URL_OPTIONS`) of a `postgresql://` URL."""
+    parts = urlsplit(url)
+    if parts.scheme not in POSTGRES_SCHEMES:
+        raise ConfigError(f"store url: expected postgresql://user@host:port/db, got {url!r}")
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    options = {name: value for name, value in query if name in URL_OPTIONS}
+    rest = [(name, value) for name, value in query if name not in URL_OPTIONS]
+    return urlunsplit(parts._replace(query=urlencode(rest))), options
+
+
+def int_option(options: Mapping[str, str], name: str, default: int) -> int:
+    value = options.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"store url: {name} must be an integer, got {value!r}") from None
+
+
+def bool_option(options: Mapping[str, str], name: str, default: bool) -> bool:
+    value = options.get(name)
+    if value is None:
+        return default
+    try:
+        return BOOLEANS[value.lower()]
+    except KeyError:
+        raise ConfigError(f"store url: {name} must be true or false, got {value!r}") from None
+
+
+def check_pool_sizes(pool_min: int, pool_max: int) -> None:
+    if isinstance(pool_min, bool) or not isinstance(pool_min, int) or pool_min < 0:
+        raise ConfigError(f"postgres pool_min: expected an integer >= 0, got {pool_min!r}")
+    if isinstance(pool_max, bool) or not isinstance(pool_max, int) or pool_max < max(1, pool_min):
+        raise ConfigError(
+            f"postgres pool_max: expected an integer >= max(1, pool_min), got {pool_max!r}"
+        )
+
+
+def without_password(dsn: str) -> str:
+    parts = urlsplit(dsn)
+    if parts.password is None:
+        return dsn
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
+
+
+async def check_connection(conn: Connection) -> None:
+    """The pool's check of a connection before lending it, without a round trip: reading what
+    the server sent meanwhile shows a connection it closed (a restart) as broken, and the pool
+    replaces it. (A connection lost without a word fails its verb as StoreUnavailable.)"""
+    pgconn = conn.pgconn
+    if pgconn.status == ConnStatus.OK:
+        with contextlib.suppress(psycopg.OperationalError):
+            pgconn.consume_input()
+    if conn.closed or pgconn.status != ConnStatus.OK:
+        raise psycopg.OperationalError("the server closed the connection")
+
+
+def named(dsn: str, application_name: str) -> str:
+    """`dsn` naming its connections in pg_stat_activity (`headrace/<schema>`), unless it names
+    them already."""
+    if "application_name" in conninfo_to_dict(dsn):
+        return dsn
+    return make_conninfo(dsn, application_name=application_name[:63])
+
+
+def retrieve(task: asyncio.Task[Any]) -> None:
+    """Mark a task's exception as seen (a task nobody awaits any more)."""
+    if not task.cancelled():
+        task.exception()
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
