@@ -1,4 +1,4 @@
-"""The PostgreSQL schema: migrating an empty schema gives exactly `postgres_schema.sql`, migrating
+"""The PostgreSQL schema: migrating an empty schema gives exactly `postgres/schema.sql`, migrating
 again changes nothing, two processes migrating at once do not race, and every named query
 prepares against the schema. Needs the test server (skips without it, fails when `CI` is set)."""
 
@@ -110,11 +110,11 @@ def _neutral(value: object, schema: str) -> object:
 
 
 async def apply_declared(conn: Connection, schema: str) -> None:
-    """`postgres_schema.sql` run as it is, in a fresh schema."""
+    """`postgres/schema.sql` run as it is, in a fresh schema."""
     async with conn.transaction():
         await conn.execute(pgsql.SQL("CREATE SCHEMA {}").format(pgsql.Identifier(schema)))
         await conn.execute("SELECT set_config('search_path', quote_ident(%s), true)", [schema])
-        for statement in sql.split_statements(sql.read_text("postgres_schema.sql")):
+        for statement in sql.split_statements(sql.read_text("postgres/schema.sql")):
             await conn.execute(statement)
 
 

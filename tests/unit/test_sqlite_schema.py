@@ -1,4 +1,4 @@
-"""The SQLite schema: migrating an empty file gives exactly `sqlite_schema.sql`, and every named
+"""The SQLite schema: migrating an empty file gives exactly `sqlite/schema.sql`, and every named
 query compiles against it."""
 
 from __future__ import annotations
@@ -13,7 +13,15 @@ import pytest
 from headrace.policy import ConfigError, KeyConflict, StoreError
 from headrace.policy.errors import SchemaTooNew
 from headrace.store import sql
-from headrace.store.sqlite import QUERIES, SQLiteStore, connect, migrate, path_from_url, scripts
+from headrace.store.sqlite import (
+    MIGRATIONS,
+    QUERIES,
+    SQLiteStore,
+    connect,
+    migrate,
+    path_from_url,
+    scripts,
+)
 from headrace.store.types import NewTask, Settings
 
 Schema = list[tuple[str, str, str, str]]
@@ -61,7 +69,7 @@ def migrated(tmp_path: Path, queries: dict[str, sql.Query]) -> Iterator[sqlite3.
 @pytest.fixture
 def declared(tmp_path: Path) -> Iterator[sqlite3.Connection]:
     connection = sqlite3.connect(tmp_path / "declared.db")
-    connection.executescript(sql.read_text("sqlite_schema.sql"))
+    connection.executescript(sql.read_text("sqlite/schema.sql"))
     yield connection
     connection.close()
 
@@ -79,7 +87,7 @@ def test_migrating_from_empty_gives_the_declared_schema(
 def test_migrating_records_the_version_and_runs_once(
     migrated: sqlite3.Connection, queries: dict[str, sql.Query]
 ) -> None:
-    latest = sql.load_migrations()[-1].version
+    latest = sql.load_migrations(MIGRATIONS)[-1].version
     assert user_version(migrated) == latest
     before = schema_of(migrated)
     assert migrate(migrated, queries) == latest
@@ -98,7 +106,7 @@ def test_a_file_from_a_newer_headrace_is_refused(
 
 
 def test_migrations_are_numbered_without_gaps() -> None:
-    migrations = sql.load_migrations()
+    migrations = sql.load_migrations(MIGRATIONS)
     assert [m.version for m in migrations] == list(range(1, len(migrations) + 1))
     assert migrations[0].name == "initial" and migrations[0].statements
 
@@ -160,7 +168,7 @@ async def test_open_migrates_in_wal_mode_and_close_releases_everything(tmp_path:
     connection = sqlite3.connect(tmp_path / "opened.db")
     try:
         assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert user_version(connection) == sql.load_migrations()[-1].version
+        assert user_version(connection) == sql.load_migrations(MIGRATIONS)[-1].version
     finally:
         connection.close()
 
@@ -207,7 +215,7 @@ async def test_gates_kept_space_joined_by_an_older_file_are_read_as_before(tmp_p
     path = tmp_path / "older.db"
     queries = sql.load_queries(QUERIES)
     connection = connect(path, 1.0, queries)
-    for migration in sql.load_migrations()[:7]:
+    for migration in sql.load_migrations(MIGRATIONS)[:7]:
         for statement in migration.statements:
             connection.execute(statement)
     connection.execute("PRAGMA user_version = 7")

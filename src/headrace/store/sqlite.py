@@ -7,8 +7,8 @@ rate hold across all of them. The store's clock defaults to the wall clock (epoc
 every process on the host shares.
 
 The connection lives on one worker thread and each verb runs there whole, so the event loop never
-waits on the database. The statements are named in `store/sql/sqlite_queries.sql`; the schema is
-the versioned migrations in `store/sql/migrations/`, applied by `open()`.
+waits on the database. The statements are named in `store/sql/sqlite/queries.sql`; the schema is
+the versioned migrations in `store/sql/sqlite/migrations/`, applied by `open()`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ from headrace.store.verbs import TransactionVerbs, kinds_list
 T = TypeVar("T")
 
 SCHEME = "sqlite"
-QUERIES = "sqlite_queries.sql"
+QUERIES = "sqlite/queries.sql"
+MIGRATIONS = "sqlite/migrations"
 # RETURNING (3.35) and json_each; every supported Python ships a newer SQLite.
 MIN_SQLITE_VERSION = (3, 35, 0)
 DATA_VERSION_POLL = 0.02  # seconds between looks for other processes' commits
@@ -258,7 +259,7 @@ def migrate(connection: sqlite3.Connection, queries: Queries) -> int:
 
     def apply(conn: sqlite3.Connection) -> int:
         current = int(conn.execute(queries["user_version"].text).fetchone()[0])
-        migrations = sql.load_migrations()
+        migrations = sql.load_migrations(MIGRATIONS)
         latest = migrations[-1].version
         if current > latest:
             raise SchemaTooNew("the database", current, latest)

@@ -31,7 +31,7 @@ T = TypeVar("T")
 Connection = psycopg.AsyncConnection[DictRow]
 Queries = Mapping[str, sql.Query]
 
-QUERIES = "postgres_queries.sql"
+QUERIES = "postgres/queries.sql"
 MIGRATIONS = "postgres/migrations"
 URL_OPTIONS = ("schema", "pool_min", "pool_max", "durable_claims")
 BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}

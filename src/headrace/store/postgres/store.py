@@ -28,7 +28,7 @@ lives in tables, so a gate's cap and rate, fair tags and leases hold across ever
 
 A connection lost before the commit runs the verb again on another connection; a server that
 cannot be reached, or a loss during the commit, comes out as `StoreUnavailable`; other driver
-errors as `StoreError`. The statements are named in `store/sql/postgres_queries.sql`; the schema
+errors as `StoreError`. The statements are named in `store/sql/postgres/queries.sql`; the schema
 is the versioned migrations in `store/sql/postgres/migrations/`, applied by `open()` (or
 `headrace db upgrade`) under an advisory lock, in the store's own PostgreSQL schema.
 """

@@ -1,4 +1,6 @@
-"""SQL in one place: named queries and versioned migrations, read from this package's files.
+"""SQL in one place: named queries and versioned migrations, read from this package's files, a
+folder per dialect (`sqlite/`, `postgres/`), each with `queries.sql`, `schema.sql` and
+`migrations/`.
 
 A query file holds statements under `-- name: <query_name>` headers, each followed by a one-line
 `-- <description>` and the statement. Migrations are `migrations/NNNN_<what>.sql`, applied in
@@ -14,8 +16,6 @@ from dataclasses import dataclass
 from importlib import resources
 
 from headrace.policy.errors import StoreError
-
-MIGRATIONS = "migrations"
 
 _HEADER = re.compile(r"^-- name: *([a-z][a-z0-9_]*) *$", re.MULTILINE)
 _MIGRATION_FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
@@ -36,7 +36,7 @@ class Migration:
 
 
 def read_text(resource: str) -> str:
-    """The text of a file in this package, e.g. `sqlite_schema.sql`."""
+    """The text of a file in this package, e.g. `sqlite/schema.sql`."""
     return resources.files(__name__).joinpath(resource).read_text(encoding="utf-8")
 
 
@@ -67,7 +67,7 @@ def _parse_query(name: str, body: str, source: str) -> Query:
 
 
 @functools.cache
-def load_migrations(folder: str = MIGRATIONS) -> tuple[Migration, ...]:
+def load_migrations(folder: str) -> tuple[Migration, ...]:
     """Every migration in `folder`, in version order; versions run 1, 2, 3… without gaps."""
     found: list[Migration] = []
     for entry in resources.files(__name__).joinpath(folder).iterdir():

@@ -1,4 +1,4 @@
--- The current headrace SQLite schema: what migrations/ produce from an empty file (a test
+-- The current headrace SQLite schema: what sqlite/migrations/ produce from an empty file (a test
 -- proves it). Read it to know the tables; change the schema with a new migration, then here.
 
 CREATE TABLE tasks (
