@@ -237,3 +237,11 @@ async def test_gates_kept_space_joined_by_an_older_file_are_read_as_before(tmp_p
     assert gated.gates == ("provider:image", 'session:"s1"')
     assert ungated.gates == ()
     assert meta == [("dispatches",), ("virtual_time",)]
+
+
+@pytest.mark.anyio
+async def test_upgrade_migrates_a_file_and_says_from_which_version(tmp_path: Path) -> None:
+    latest = sql.load_migrations(MIGRATIONS)[-1].version
+    store = SQLiteStore(tmp_path / "new.db")
+    assert await store.upgrade() == (0, latest)
+    assert await store.upgrade() == (latest, latest)

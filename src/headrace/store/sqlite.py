@@ -103,6 +103,19 @@ class SQLiteStore(TransactionVerbs):
             await self.close()
             raise
 
+    async def upgrade(self) -> tuple[int, int]:
+        """Apply the migrations the file lacks, on a connection of its own; return the schema
+        version before and after."""
+        return await asyncio.to_thread(self._upgrade)
+
+    def _upgrade(self) -> tuple[int, int]:
+        connection = _translated(lambda: connect(self.path, self.busy_timeout, self._queries))
+        try:
+            before = int(connection.execute(self._queries["user_version"].text).fetchone()[0])
+            return before, migrate(connection, self._queries)
+        finally:
+            connection.close()
+
     async def close(self) -> None:
         executor, self._executor = self._executor, None
         if executor is None:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 from urllib.parse import urlsplit
 
@@ -44,7 +43,9 @@ async def upgrade_schema(url: str) -> tuple[int, int]:
 
         return await PostgresStore.from_url(url).upgrade()
     if scheme == "sqlite":
-        return await asyncio.to_thread(_upgrade_sqlite, url)
+        from headrace.store.sqlite import SQLiteStore
+
+        return await SQLiteStore.from_url(url).upgrade()
     if scheme == "memory":
         raise ConfigError("store url: memory:// keeps no schema to upgrade")
     raise _unknown(url)
@@ -54,18 +55,6 @@ def hide_passwords(text: str) -> str:
     """`text` (a store URL, or a message that quotes one) with every URL's password shown as
     `***`: what a log line or an error message may print."""
     return _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1:***@", text))
-
-
-def _upgrade_sqlite(url: str) -> tuple[int, int]:
-    from headrace.store import sql, sqlite
-
-    queries = sql.load_queries(sqlite.QUERIES)
-    connection = sqlite.connect(sqlite.path_from_url(url), 10.0, queries)
-    try:
-        before = int(connection.execute(queries["user_version"].text).fetchone()[0])
-        return before, sqlite.migrate(connection, queries)
-    finally:
-        connection.close()
 
 
 def _unknown(url: str) -> ConfigError:
