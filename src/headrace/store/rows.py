@@ -14,6 +14,11 @@ from headrace.policy.gate import GateState
 from headrace.policy.tiers import Tier
 from headrace.store.types import Attempt, AttemptOutcome, StageStats, TaskRecord, TaskState
 
+# Enum members by value: a dict lookup, not an Enum call per column of every row read.
+_STATES = {state.value: state for state in TaskState}
+_TIERS = {tier.value: tier for tier in Tier}
+_OUTCOMES = {outcome.value: outcome for outcome in AttemptOutcome}
+
 
 class Row(Protocol):
     """A result row, read by column name (a dict, or a `sqlite3.Row`)."""
@@ -30,11 +35,11 @@ def task_of(row: Row) -> TaskRecord:
         gates=tuple(json.loads(gates) if isinstance(gates, str) else gates),
         flow=row["flow"],
         group=row["grp"],
-        tier=Tier(row["tier"]),
-        submitted_tier=Tier(row["submitted_tier"]),
+        tier=_TIERS[row["tier"]],
+        submitted_tier=_TIERS[row["submitted_tier"]],
         cost=row["cost"],
         key=row["key"],
-        state=TaskState(row["state"]),
+        state=_STATES[row["state"]],
         attempt=row["attempt"],
         max_attempts=row["max_attempts"],
         tag=row["tag"],
@@ -65,7 +70,7 @@ def attempt_of(row: Row) -> Attempt:
         worker=row["worker"],
         started_at=row["started_at"],
         ended_at=row["ended_at"],
-        outcome=AttemptOutcome(row["outcome"]),
+        outcome=_OUTCOMES[row["outcome"]],
         error_class=ErrorClass(error_class) if error_class is not None else None,
         code=row["code"],
         message=row["message"],
@@ -111,7 +116,7 @@ def gate_params(name: str, state: GateState) -> dict[str, object]:
 def counts_by_state(rows: Iterable[Row]) -> dict[TaskState, int]:
     counts = dict.fromkeys(TaskState, 0)
     for found in rows:
-        counts[TaskState(found["state"])] = int(found["n"])
+        counts[_STATES[found["state"]]] = int(found["n"])
     return counts
 
 

@@ -364,8 +364,13 @@ WITH peek AS MATERIALIZED (  -- the batch's tasks, not locked: only their range 
     LIMIT %(batch)s::integer  -- walks the claim-order index, as the batch did
     FOR UPDATE OF t SKIP LOCKED
 )
-SELECT e.peeked, e.last_tier, e.last_tag, e.last_id, e.gate_rows, e.wanted, c.*
+SELECT e.peeked, e.last_tier, e.last_tag, e.last_id,
+       -- the batch's gates on its first row only: decoded once, not once per task
+       CASE WHEN row_number() OVER w = 1 THEN e.gate_rows END AS gate_rows,
+       CASE WHEN row_number() OVER w = 1 THEN e.wanted END AS wanted,
+       c.*
 FROM edge AS e LEFT JOIN chosen AS c ON true
+WINDOW w AS (ORDER BY c.tier, c.tag, c.id)
 ORDER BY c.tier, c.tag, c.id;
 
 -- name: lease_tasks

@@ -440,7 +440,8 @@ SELECT (SELECT count(*) FROM peek) AS peeked,
        (SELECT tier FROM last) AS last_tier,
        (SELECT tag FROM last) AS last_tag,
        (SELECT id FROM last) AS last_id,
-       (
+       -- the batch's gates on its first row only: built and decoded once, not once per task
+       CASE WHEN row_number() OVER w = 1 THEN (
            SELECT json_group_array(json_object(
                'name', g.name, 'in_flight', g.in_flight, 'starts', json(g.starts),
                'penalized_until', g.penalized_until, 'granted', g.granted,
@@ -450,12 +451,15 @@ SELECT (SELECT count(*) FROM peek) AS peeked,
                'first_blocked_at', g.first_blocked_at, 'unstarted', g.unstarted
            ))
            FROM gates AS g WHERE g.name IN (SELECT name FROM wanted)
-       ) AS "gate_rows [headrace_json]",
-       (SELECT json_group_array(name) FROM wanted) AS "wanted [headrace_json]",
+       ) END AS "gate_rows [headrace_json]",
+       CASE WHEN row_number() OVER w = 1 THEN (
+           SELECT json_group_array(name) FROM wanted
+       ) END AS "wanted [headrace_json]",
        p.*, f.served AS flow_served
 FROM (SELECT 1) AS one
 LEFT JOIN peek AS p ON true
 LEFT JOIN flows AS f ON f.flow = p.flow
+WINDOW w AS (ORDER BY p.tier, p.tag, p.id)
 ORDER BY p.tier, p.tag, p.id;
 
 -- name: lease_tasks
