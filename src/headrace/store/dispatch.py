@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from headrace.policy import gate as gating
 from headrace.policy.gate import GateConfig, GateState, Refusal
-from headrace.store.types import TaskRecord
 
 
 @dataclass
@@ -64,7 +64,12 @@ class GateBook:
         return min((t for t in times if t is not None), default=None)
 
 
-def fits_claim(task: TaskRecord, chosen: int, alone: bool) -> bool:
+class MayRunAlone(Protocol):
+    @property
+    def solo(self) -> bool: ...
+
+
+def fits_claim(task: MayRunAlone, chosen: int, alone: bool) -> bool:
     """A task that must run alone goes only to a worker running nothing, and by itself."""
     return not task.solo or (alone and chosen == 0)
 

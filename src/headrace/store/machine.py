@@ -47,8 +47,10 @@ from headrace.policy.tiers import AGING_CEILING, Tier, aged_tier
 from headrace.store import idempotency
 from headrace.store.dispatch import GateBook, earliest, fits_claim, gate_key
 from headrace.store.rows import (
+    Candidate,
     Row,
     attempt_of,
+    candidate_of,
     counts_by_state,
     gate_params,
     gate_state_of,
@@ -538,7 +540,7 @@ class Transaction:
         commit = "on" if durable else "off"
         start: Pending | None = await self.send("claim_start", clock=clock, commit=commit)
         next_at: float | None = None
-        chosen: list[TaskRecord] = []
+        chosen: list[Candidate] = []
         excluded: set[str] = set()
         book: GateBook | None = None
         async with contextlib.aclosing(self.rounds(kinds, excluded, limit)) as rounds:
@@ -579,7 +581,7 @@ class Transaction:
 
     async def rounds(
         self, kinds: list[str] | None, excluded: set[str], limit: int
-    ) -> AsyncGenerator[list[TaskRecord], None]:
+    ) -> AsyncGenerator[list[Candidate], None]:
         """Ready tasks due now in (tier, tag, id) order, a batch at a time (the first just big
         enough for `limit`, then growing): in one statement, each batch's gates are locked
         first, then its tasks whose gates this claim holds. Handed out whole rounds at a time:
@@ -587,7 +589,7 @@ class Transaction:
         keys in `excluded` (refused so far) are left out of later batches."""
         after: tuple[int, float, int] = (-1, 0.0, 0)
         size = min(CLAIM_BATCH, 2 * limit + 8)
-        held: list[TaskRecord] = []
+        held: list[Candidate] = []
         while True:
             batch = {"tier": after[0], "tag": after[1], "id": after[2], "kinds": kinds}
             peeked, last, tasks = await self.claim_batch(batch, sorted(excluded), size)
@@ -606,7 +608,7 @@ class Transaction:
 
     async def claim_batch(
         self, batch: Mapping[str, object], refused: list[str], size: int
-    ) -> tuple[int, tuple[int, float, int] | None, list[TaskRecord]]:
+    ) -> tuple[int, tuple[int, float, int] | None, list[Candidate]]:
         """The next batch of up to `size` candidates: its gates locked (the first time, the
         clock read once they are held), then those of its tasks whose gates are all held.
         Returns how many tasks the batch had, the last one's (tier, tag, id) and the tasks
@@ -635,7 +637,7 @@ class Transaction:
         for row in rows:  # when each flow was last served, read with the candidates
             if row["id"] is not None:
                 self._served.setdefault(row["flow"], int(row["flow_served"]))
-        tasks = [task_of(row) for row in rows if row["id"] is not None]
+        tasks = [candidate_of(row) for row in rows if row["id"] is not None]
         if edge["last_id"] is None:
             return 0, None, tasks
         last = (int(edge["last_tier"]), float(edge["last_tag"]), int(edge["last_id"]))
@@ -644,8 +646,8 @@ class Transaction:
     def admit(
         self,
         book: GateBook,
-        candidates: Sequence[TaskRecord],
-        chosen: list[TaskRecord],
+        candidates: Sequence[Candidate],
+        chosen: list[Candidate],
         excluded: set[str],
         limit: int,
         alone: bool,
@@ -685,7 +687,7 @@ class Transaction:
     def last_served(self, flow: str) -> int:
         return self._served.get(flow, 0)
 
-    def dispatched(self, task: TaskRecord) -> None:
+    def dispatched(self, task: Candidate) -> None:
         self._virtual_time = fairness.advance(self._virtual_time or 0.0, task.tag)
         self._dispatches = (self._dispatches or 0) + 1
         self._served[task.flow] = self._dispatches
@@ -693,7 +695,7 @@ class Transaction:
         self._last_tags[task.flow] = max(self._last_tags.get(task.flow, task.tag), task.tag)
 
     async def lease(
-        self, chosen: Sequence[TaskRecord], worker: str, lease_for: float, wake_at: float | None
+        self, chosen: Sequence[Candidate], worker: str, lease_for: float, wake_at: float | None
     ) -> Claimed:
         """Lease `chosen`; the leased rows are read once the transaction has committed (they
         come back with the commit: one round trip for both)."""
@@ -1188,8 +1190,8 @@ def _plain_success(outcome: Outcome) -> bool:
 
 
 def _split_last_round(
-    candidates: list[TaskRecord],
-) -> tuple[list[TaskRecord], list[TaskRecord]]:
+    candidates: list[Candidate],
+) -> tuple[list[Candidate], list[Candidate]]:
     """`candidates` cut before the run of equal (tier, tag) that ends it (which may go on in
     the next batch)."""
     last = (candidates[-1].tier, candidates[-1].tag)

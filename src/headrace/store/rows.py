@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from headrace.policy.errors import ErrorClass
@@ -59,6 +60,31 @@ def task_of(row: Row) -> TaskRecord:
         attempt_base=row["attempt_base"],
         solo=bool(row["solo"]),
         remote_jobs=row["remote_jobs"],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A ready task as a claim weighs it: only what order, turns and gates need (the leased
+    task's whole record comes back with its lease)."""
+
+    id: int
+    tier: Tier
+    tag: float
+    flow: str
+    gates: tuple[str, ...]
+    solo: bool
+
+
+def candidate_of(row: Row) -> Candidate:
+    gates = row["gates"]
+    return Candidate(
+        id=row["id"],
+        tier=_TIERS[row["tier"]],
+        tag=row["tag"],
+        flow=row["flow"],
+        gates=tuple(json.loads(gates) if isinstance(gates, str) else gates),
+        solo=bool(row["solo"]),
     )
 
 
