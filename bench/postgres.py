@@ -2,7 +2,8 @@
 
 - no-op tasks/s: headrace-postgres, headrace-sqlite, and Procrastinate on the same server;
 - enqueue -> start latency p50/p99 on an idle system (the producer is a process of its own, so
-  the worker learns of work from the store: LISTEN/NOTIFY on PostgreSQL, polling on SQLite);
+  the worker learns of work from the store: LISTEN/NOTIFY on PostgreSQL, a datagram through the
+  directory beside the file on SQLite);
 - claim latency with 10^3 and with 10^6 ready tasks.
 """
 
@@ -219,8 +220,8 @@ def procrastinate_timing_app(
 
 async def enqueue_to_start(case: str, url: str, samples: int) -> Latency:
     """An idle headrace worker here; a producer in a process of its own submits one task at a
-    time, so the worker learns of each from the store (NOTIFY on PostgreSQL, the file on
-    SQLite)."""
+    time, so the worker learns of each from the store (NOTIFY on PostgreSQL, a datagram beside
+    the file on SQLite)."""
     started: dict[str, float] = {}
     seen, sent = SPAWN.Event(), SPAWN.Queue()
     worker_app = timing_app(url, started, seen.set)

@@ -68,6 +68,7 @@ from headrace.store.types import (
     TaskRecord,
     TaskState,
 )
+from headrace.store.wake import WakeChannel
 
 T = TypeVar("T")
 
@@ -77,7 +78,8 @@ QUERIES = "sqlite_queries.sql"
 MIN_SQLITE_VERSION = (3, 35, 0)
 # Candidates read per statement while a claim walks the ready queue in (tier, tag, id) order.
 CLAIM_BATCH = 256
-DATA_VERSION_POLL = 0.02  # seconds between looks for other processes' commits
+# Seconds between looks for other processes' commits: the fallback when no wake-up comes.
+DATA_VERSION_POLL = 0.02
 # Widens the aging index range past any float rounding of `now - step`; aged_tier decides.
 AGING_SLACK = 1e-3
 
@@ -89,13 +91,23 @@ class SQLiteStore:
     """The embedded store: one SQLite file, shared by the processes of one host."""
 
     def __init__(
-        self, path: str | Path, *, clock: Clock | None = None, busy_timeout: float = 10.0
+        self,
+        path: str | Path,
+        *,
+        clock: Clock | None = None,
+        busy_timeout: float = 10.0,
+        data_version_poll: float = DATA_VERSION_POLL,
     ) -> None:
         if not busy_timeout >= 0:
             raise ConfigError(f"sqlite busy_timeout: expected seconds >= 0, got {busy_timeout!r}")
+        if not data_version_poll > 0:
+            raise ConfigError(
+                f"sqlite data_version_poll: expected seconds > 0, got {data_version_poll!r}"
+            )
         self.path = Path(path)
         self.clock: Clock = clock or WallClock()
         self.busy_timeout = busy_timeout
+        self.data_version_poll = data_version_poll
         self.settings = Settings()
         self._configs: dict[str, GateConfig] = {}
         self._queries: Queries = sql.load_queries(QUERIES)
@@ -104,6 +116,7 @@ class SQLiteStore:
         self._data_version = 0
         self._woke = False  # set on the store's thread by a write that may free work
         self._woken = asyncio.Event()  # ... and passed on to waiters by the event loop
+        self._channel = WakeChannel(self.path, self._woken.set)  # ... to and from other processes
 
     @classmethod
     def from_url(
@@ -129,6 +142,7 @@ class SQLiteStore:
             raise
 
     async def close(self) -> None:
+        self._channel.close()
         executor, self._executor = self._executor, None
         if executor is None:
             return
@@ -141,9 +155,11 @@ class SQLiteStore:
         return self.clock.now()
 
     async def wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
-        """Return once a write of this store made work claimable since the last claim, or
-        another connection committed (SQLite has no notices, but such a commit changes the
-        file's data version: it is looked at every few milliseconds), or after `timeout`."""
+        """Return once a write of this store made work claimable since the last claim, or one
+        of another process did (its wake-up comes through store/wake.py), or another connection
+        committed (the file's data version, looked at every `data_version_poll` seconds: the
+        fallback for a lost wake-up), or after `timeout`."""
+        self._channel.listen()  # before the data version is read: no commit slips between
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while (left := deadline - loop.time()) > 0:
@@ -153,7 +169,7 @@ class SQLiteStore:
             if await self._in_thread(self._changed_elsewhere):
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._woken.wait(), min(DATA_VERSION_POLL, left))
+                await asyncio.wait_for(self._woken.wait(), min(self.data_version_poll, left))
 
     # -- submission
 
@@ -262,9 +278,10 @@ class SQLiteStore:
 
     async def _write(self, verb: Callable[[_Transaction], T]) -> T:
         result = await self._in_thread(lambda: self._transact("begin_write", verb))
-        if self._woke:  # committed: this process's idle workers may claim
+        if self._woke:  # committed: idle workers may claim, in this process and others
             self._woke = False
             self._woken.set()
+            self._channel.notify()
         return result
 
     async def _read(self, verb: Callable[[_Transaction], T]) -> T:
