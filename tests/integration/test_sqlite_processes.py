@@ -1,5 +1,6 @@
-"""OS processes sharing one SQLite file: the gate's cap and rate hold across them, and an
-idempotency key names one task whoever submits it.
+"""OS processes sharing one SQLite file: the gate's cap and rate hold across them, an
+idempotency key names one task whoever submits it, and a submit wakes another process's idle
+worker.
 
 In the gate test each process runs two workers that claim one task at a time, hold it briefly and
 succeed. The store's attempt history records every grant (`started_at`) and release (`ended_at`)
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import time
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from typing import Any
 import anyio
 import pytest
 
+import headrace as hr
 from headrace.policy import GateConfig, Rate, StoreError
 from headrace.store.sqlite import SQLiteStore
 from headrace.store.types import (
@@ -26,6 +29,7 @@ from headrace.store.types import (
     Settings,
     TaskState,
 )
+from headrace.store.wake import channel_directory
 
 from .gatecheck import (
     claim_and_finish,
@@ -74,6 +78,21 @@ async def submit_keyed(path: Path) -> list[int]:
             ]
             ids += [submitted.id for submitted in await store.submit(batch)]
         return ids
+    finally:
+        await store.close()
+
+
+def submit_one(path: str, barrier: Barrier) -> None:
+    """The body of one OS process: submit one task and leave."""
+    barrier.wait(timeout=30)
+    asyncio.run(submit_render(Path(path)))
+
+
+async def submit_render(path: Path) -> None:
+    store = SQLiteStore(path)
+    await store.open(Settings())
+    try:
+        await store.submit([NewTask("render", "woken")])
     finally:
         await store.close()
 
@@ -150,3 +169,38 @@ async def test_a_lock_held_past_busy_timeout_is_a_store_error(tmp_path: Path) ->
     finally:
         blocker.close()
         await store.close()
+
+
+async def test_a_submit_in_another_process_wakes_an_idle_worker(tmp_path: Path) -> None:
+    path = tmp_path / "wake.db"
+    # The file's data version is looked at once a minute and the worker claims every 30 s when
+    # idle: a start within seconds can only come from the other process's wake-up.
+    app = hr.App(f"sqlite:///{path}", store=SQLiteStore(path, data_version_poll=60.0))
+    started = asyncio.Event()
+
+    @app.task(name="render")
+    async def render(ctx: hr.Context, ref: str) -> None:
+        started.set()
+
+    async with app:
+        worker = hr.Worker(app, slots=1, idle="30s")
+        running = asyncio.create_task(worker.run())
+        try:
+            await anyio.to_thread.run_sync(until_listening, path)
+            await asyncio.sleep(0.5)  # past the wait's first look at the data version
+            codes = await anyio.to_thread.run_sync(run_processes, submit_one, [(str(path),)])
+            assert codes == [0]
+            await asyncio.wait_for(started.wait(), 10.0)
+        finally:
+            worker.stop()
+            await running
+
+
+def until_listening(path: Path, within: float = 10.0) -> None:
+    """Return once a process has bound its wake-up socket for `path`."""
+    directory = channel_directory(path)
+    deadline = time.monotonic() + within
+    while not any(directory.glob("*.sock")):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nobody listens in {directory}")
+        time.sleep(0.01)

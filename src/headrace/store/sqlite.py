@@ -41,6 +41,7 @@ from headrace.store.types import (
     Settings,
 )
 from headrace.store.verbs import TransactionVerbs, kinds_list
+from headrace.store.wake import WakeChannel
 
 T = TypeVar("T")
 
@@ -49,7 +50,8 @@ QUERIES = "sqlite/queries.sql"
 MIGRATIONS = "sqlite/migrations"
 # RETURNING (3.35) and json_each; every supported Python ships a newer SQLite.
 MIN_SQLITE_VERSION = (3, 35, 0)
-DATA_VERSION_POLL = 0.02  # seconds between looks for other processes' commits
+# Seconds between looks for other processes' commits: the fallback when no wake-up comes.
+DATA_VERSION_POLL = 0.02
 STATEMENT_CACHE = 256  # prepared statements kept per connection: every named one, and more
 
 Queries = Mapping[str, sql.Query]
@@ -62,13 +64,23 @@ class SQLiteStore(TransactionVerbs):
     """The embedded store: one SQLite file, shared by the processes of one host."""
 
     def __init__(
-        self, path: str | Path, *, clock: Clock | None = None, busy_timeout: float = 10.0
+        self,
+        path: str | Path,
+        *,
+        clock: Clock | None = None,
+        busy_timeout: float = 10.0,
+        data_version_poll: float = DATA_VERSION_POLL,
     ) -> None:
         if not busy_timeout >= 0:
             raise ConfigError(f"sqlite busy_timeout: expected seconds >= 0, got {busy_timeout!r}")
+        if not data_version_poll > 0:
+            raise ConfigError(
+                f"sqlite data_version_poll: expected seconds > 0, got {data_version_poll!r}"
+            )
         self.path = Path(path)
         self.clock: Clock = clock or WallClock()
         self.busy_timeout = busy_timeout
+        self.data_version_poll = data_version_poll
         self.settings = Settings()
         self._configs: dict[str, GateConfig] = {}
         self._queries: Queries = sql.load_queries(QUERIES)
@@ -79,6 +91,7 @@ class SQLiteStore(TransactionVerbs):
         self._data_version = 0
         self._woke = False  # set on the store's thread by a write that may free work
         self._woken = asyncio.Event()  # ... and passed on to waiters by the event loop
+        self._channel = WakeChannel(self.path, self._woken.set)  # ... to and from other processes
 
     @classmethod
     def from_url(
@@ -117,6 +130,7 @@ class SQLiteStore(TransactionVerbs):
             connection.close()
 
     async def close(self) -> None:
+        self._channel.close()
         executor, self._executor = self._executor, None
         if executor is None:
             return
@@ -129,9 +143,11 @@ class SQLiteStore(TransactionVerbs):
         return self.clock.now()
 
     async def wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
-        """Return once a write of this store made work claimable since the last claim, or
-        another connection committed (SQLite has no notices, but such a commit changes the
-        file's data version: it is looked at every few milliseconds), or after `timeout`."""
+        """Return once a write of this store made work claimable since the last claim, or one
+        of another process did (its wake-up comes through store/wake.py), or another connection
+        committed (the file's data version, looked at every `data_version_poll` seconds: the
+        fallback for a lost wake-up), or after `timeout`."""
+        self._channel.listen()  # before the data version is read: no commit slips between
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while (left := deadline - loop.time()) > 0:
@@ -141,7 +157,7 @@ class SQLiteStore(TransactionVerbs):
             if await self._in_thread(self._changed_elsewhere):
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._woken.wait(), min(DATA_VERSION_POLL, left))
+                await asyncio.wait_for(self._woken.wait(), min(self.data_version_poll, left))
 
     # -- claiming (the other verbs: TransactionVerbs)
 
@@ -172,9 +188,10 @@ class SQLiteStore(TransactionVerbs):
     ) -> T:
         """Every write reads the clock first: it holds the file's write lock from its start."""
         result = await self._in_thread(lambda: self._transact("begin_write", verb))
-        if self._woke:  # committed: this process's idle workers may claim
+        if self._woke:  # committed: idle workers may claim, in this process and others
             self._woke = False
             self._woken.set()
+            self._channel.notify()
         return result
 
     async def _read(self, verb: Callable[[Transaction], Awaitable[T]]) -> T:
