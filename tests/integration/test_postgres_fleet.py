@@ -130,7 +130,7 @@ def test_a_fleet_with_a_worker_killed_over_and_over_keeps_every_limit(
     assert set(Counter((task.kind, task.ref) for task, _ in history).values()) == {1}
     for task, attempts in history:
         again = attempts[:-1]  # every attempt but the last was lost with its holder
-        lost = [(a.worker, a.outcome.value) for a in again]
+        lost = [(a.worker, a.outcome.value, a.code, a.message) for a in again]
         assert all(a.outcome is AttemptOutcome.LEASE_EXPIRED for a in again), (task.ref, lost)
         assert all(a.worker.startswith("doomed-") for a in again), (task.ref, lost)
         assert attempts[-1].outcome is AttemptOutcome.SUCCEEDED
