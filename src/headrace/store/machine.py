@@ -379,7 +379,7 @@ class Transaction:
         )
         found = await start.fetchone()
         if found is None:
-            raise StoreError("postgres store: submit_start returned no row")
+            raise StoreError(f"{self.driver.name} store: submit_start returned no row")
         self.now = max(self.now, float(found["now"]))
         self._virtual_time = float(found["virtual_time"])
         finish = dict(zip(found["flows"], map(float, found["finish_tags"]), strict=True))
@@ -573,7 +573,7 @@ class Transaction:
         it)."""
         found = await sent.fetchone()
         if found is None:
-            raise StoreError("postgres store: claim_start returned no row")
+            raise StoreError(f"{self.driver.name} store: claim_start returned no row")
         self.now = max(self.now, float(found["now"]))
         self._dispatches = int(found["dispatches"])
         self._virtual_time = float(found["virtual_time"])

@@ -28,12 +28,11 @@ class Row(Protocol):
 
 
 def task_of(row: Row) -> TaskRecord:
-    gates = row["gates"]
     return TaskRecord(
         id=row["id"],
         kind=row["kind"],
         ref=row["ref"],
-        gates=tuple(json.loads(gates) if isinstance(gates, str) else gates),
+        gates=tuple(_listed(row["gates"])),
         flow=row["flow"],
         group=row["grp"],
         tier=_TIERS[row["tier"]],
@@ -77,13 +76,12 @@ class Candidate:
 
 
 def candidate_of(row: Row) -> Candidate:
-    gates = row["gates"]
     return Candidate(
         id=row["id"],
         tier=_TIERS[row["tier"]],
         tag=row["tag"],
         flow=row["flow"],
-        gates=tuple(json.loads(gates) if isinstance(gates, str) else gates),
+        gates=tuple(_listed(row["gates"])),
         solo=bool(row["solo"]),
     )
 
@@ -104,11 +102,10 @@ def attempt_of(row: Row) -> Attempt:
 
 
 def gate_state_of(row: Row) -> GateState:
-    starts = row["starts"]
     penalized_until = row["penalized_until"]
     return GateState(
         in_flight=row["in_flight"],
-        starts=tuple(float(s) for s in (json.loads(starts) if isinstance(starts, str) else starts)),
+        starts=tuple(float(start) for start in _listed(row["starts"])),
         penalized_until=-math.inf if penalized_until is None else penalized_until,
         granted=row["granted"],
         blocked_by_token=row["blocked_by_token"],
@@ -156,6 +153,11 @@ def stage_of(row: Row, now: float) -> StageStats:
         waiting=int(row["waiting"]),
         oldest_ready_age=None if oldest is None else now - float(oldest),
     )
+
+
+def _listed(value: Any) -> list[Any]:
+    """A list column: an array (PostgreSQL), or a JSON array in a text column (SQLite)."""
+    return json.loads(value) if isinstance(value, str) else list(value)
 
 
 def holds(task: TaskRecord, token: int, now: float) -> bool:
