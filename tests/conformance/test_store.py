@@ -1057,6 +1057,44 @@ async def test_finish_many_records_each_outcome_alone(store: Store, clock: Manua
     assert free.in_flight == 2
 
 
+async def test_a_claim_records_the_outcomes_it_carries_first(
+    store: Store, clock: ManualClock
+) -> None:
+    # session:* gates admit one at a time: "b" waits for the ticket "a" holds.
+    await store.submit([task("a", gates=("session:x",)), task("b", gates=("session:x",))])
+    await store.submit([task("c"), task("d")])
+    [a, c] = await claim(store, 2)
+    assert refs([a, c]) == ["a", "c"]
+    [stale] = (await store.claim("w2", 1, lease_for=5.0)).leases  # "d", then lost
+    clock.advance(6.0)
+    claimed = await store.claim(
+        "w1",
+        2,
+        lease_for=LEASE,
+        finished=[
+            (a, Succeeded(cost=2.0)),
+            (stale, Succeeded()),
+            (c, Retry(boom(), delay=100.0)),
+        ],
+    )
+    assert [type(r).__name__ if r else None for r in claimed.finished] == [
+        None,
+        "LeaseLost",
+        None,
+    ]
+    # The ticket "a" returned is "b"'s in the same claim; "d" (its lease expired) is reaped.
+    assert sorted(refs(list(claimed.leases))) == ["b", "d"]
+    states = {r.ref: r.state for r in await store.tasks()}
+    assert states == {
+        "a": TaskState.SUCCEEDED,
+        "b": TaskState.RUNNING,
+        "c": TaskState.READY,
+        "d": TaskState.RUNNING,
+    }
+    [attempt] = await store.attempts(a.task_id)
+    assert attempt.outcome is AttemptOutcome.SUCCEEDED
+
+
 async def test_a_retry_that_ages_while_it_waits_is_claimed_once(
     store: Store, clock: ManualClock
 ) -> None:

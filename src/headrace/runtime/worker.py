@@ -129,6 +129,8 @@ class Worker:
         self._polled_at = float("-inf")
         self._fail_fast = False
         self._more = False  # the last claim filled every free slot
+        self._claiming = False  # a claim (with the outcomes it records) is in flight
+        self._backlog = False  # claiming stopped: more than `slots` outcomes wait to be recorded
         self._solo: int | None = None  # a task running alone: nothing else is claimed meanwhile
 
     # -- running
@@ -165,6 +167,7 @@ class Worker:
             await self._loop(until_idle)
         finally:
             self.app.unlisten(self._wake)
+            self._completions().kick()  # no claim comes now: waiting outcomes are written
             await self._shutdown()
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -206,12 +209,12 @@ class Worker:
         kinds = list(self.app.definitions)
         claimed = None
         # A slot frees when its handler returns; the outcome is written meanwhile (group
-        # commit), but no more than `slots` outcomes wait to be written at once.
+        # commit), but no more than `slots` outcomes wait to be written at once. The claim
+        # for freed slots records the outcomes waiting by then, in its own transaction.
+        completions = self._completions()
         if self._may_claim():
             free = self.slots - len(self._running)
-            claimed = await self.app.store.claim(
-                self.name, free, lease_for=self.lease_for, kinds=kinds, alone=not self._running
-            )
+            claimed = await self._claim(completions, free, kinds)
             # Every free slot filled: more may be ready, to claim as soon as a slot frees.
             self._more = len(claimed.leases) >= free
             for lease in claimed.leases:
@@ -220,16 +223,61 @@ class Worker:
                 self._start(lease, self._running, self._execute)
             self.stats.claimed += len(claimed.leases)
             self.stats.peak_busy = max(self.stats.peak_busy, len(self._running))
+        else:
+            completions.kick()
+        if not self._claim_coming():
+            completions.kick()  # outcomes left waiting that no claim is about to take
         now = claimed.now if claimed else await self.app.store.now()
         polls = await self._fill_polls(kinds, now)
         wake_at = earliest(claimed.wake_at if claimed else None, self._poll_due)
         return wake_at, polls.now if polls else now
 
+    async def _claim(self, completions: Completions, free: int, kinds: list[str]) -> ClaimResult:
+        taken = completions.take()
+        self._claiming = True
+        try:
+            claimed = await self.app.store.claim(
+                self.name,
+                free,
+                lease_for=self.lease_for,
+                kinds=kinds,
+                alone=not self._running,
+                finished=taken.outcomes,
+            )
+        except Exception as error:  # none of the outcomes was recorded: their writers retry
+            taken.fail(error)
+            raise
+        except BaseException as error:
+            taken.fail(StoreUnavailable(f"claim interrupted ({type(error).__name__})"))
+            raise
+        finally:
+            self._claiming = False
+        taken.settle(claimed.finished)
+        return claimed
+
     def _may_claim(self) -> bool:
         if self._solo in self._running:
             return False  # a task that must run alone is running
         self._solo = None
-        return len(self._running) < self.slots and len(self._recording) <= self.slots
+        return self._room()
+
+    def _room(self) -> bool:
+        """A free slot, and no more than `slots` outcomes waiting to be recorded."""
+        if len(self._running) >= self.slots:
+            return False
+        self._backlog = self._completions().waiting > self.slots
+        return not self._backlog
+
+    def _claim_coming(self) -> bool:
+        """Whether the loop claims soon and will take the outcomes waiting by then: it was
+        woken (or is claiming, and more may be ready) and may claim."""
+        return (
+            not self._stopping
+            and not self._outage
+            and (self._wake.is_set() or (self._claiming and self._more))
+            and self._solo not in self._running
+            and self._room()
+        )
 
     async def _fill_polls(self, kinds: list[str], now: float) -> ClaimResult | None:
         # Ask only when a check may be due: the store said when, this worker just left a task
@@ -264,11 +312,10 @@ class Worker:
         def done(_: asyncio.Task[None]) -> None:
             # A slot freed now (not when its handler returned), or room for more outcomes.
             freed_now = registry.pop(lease.task_id, None) is not None
-            room = len(self._recording) > self.slots
-            self._recording.pop(lease.task_id, None)
+            recorded = self._recording.pop(lease.task_id, None) is not None
             self._leases.pop(lease.task_id, None)
-            if freed_now or room:
-                self._wake.set()
+            if freed_now or (recorded and self._backlog):
+                self._wake.set()  # a slot, or room for more outcomes
 
         task.add_done_callback(done)
 
@@ -423,7 +470,7 @@ class Worker:
 
     def _completions(self) -> Completions:
         if self._group_commit is None or self._group_commit.store is not self.app.store:
-            self._group_commit = Completions(self.app.store)
+            self._group_commit = Completions(self.app.store, claim_coming=self._claim_coming)
         return self._group_commit
 
     async def _release(self, lease: Lease) -> None:

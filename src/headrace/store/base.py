@@ -61,12 +61,17 @@ class Store(Protocol):
         lease_for: float,
         kinds: Collection[str] | None = None,
         alone: bool = True,
+        finished: Sequence[tuple[Lease, Outcome]] = (),
     ) -> ClaimResult:
         """Lease up to `limit` ready tasks in (tier, tag) order whose gates all admit them;
         a refusing gate skips only its task. A task that must run alone (`solo`) is leased only
         when `alone` (the worker runs no other task) and then by itself. Expired leases are
         reaped before candidates are read (a store may do it at most every 100 ms of its
-        clock): a task whose worker ran others beside it is made solo, not charged."""
+        clock): a task whose worker ran others beside it is made solo, not charged.
+
+        `finished`: outcomes recorded first, in the same transaction, as by `finish_many` (a
+        worker hands in the outcomes of the slots it fills again); their results come back
+        in `ClaimResult.finished`. An error that fails the whole claim records none of them."""
         ...
 
     async def claim_polls(

@@ -283,6 +283,7 @@ class Transaction:
         self._ledger: dict[tuple[str, str, str], float] = {}  # units, by (group, kind, worker)
         self._counters: Pending | None = None  # meta_values, sent early
         self._finishes: dict[str, float] = {}  # flows' finish tags after tagging new tasks
+        self._gates_before_claim = 0  # gates held or met busy when the claim began (outcomes')
 
     # -- statements
 
@@ -538,6 +539,7 @@ class Transaction:
         flush."""
         clock = None if self._clock is None else self._clock.now()
         commit = "on" if durable else "off"
+        self._gates_before_claim = len(self.gates.states) + len(self.gates.busy)
         start: Pending | None = await self.send("claim_start", clock=clock, commit=commit)
         next_at: float | None = None
         chosen: list[Candidate] = []
@@ -615,7 +617,10 @@ class Transaction:
         taken. A gate used for the first time has no row to lock yet: it is made, and the
         batch read again."""
         for _ in range(2):
-            first = not self.gates.states and not self.gates.busy
+            # Until the claim holds (or met busy) a gate of its own, the clock is read again
+            # once the batch's gates are held: it may have waited for them. Gates that outcomes
+            # in the same transaction hold do not count.
+            first = len(self.gates.states) + len(self.gates.busy) == self._gates_before_claim
             sent = await self.send(
                 "claim_batch",
                 **batch,

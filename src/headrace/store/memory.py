@@ -249,7 +249,9 @@ class MemoryStore:
         lease_for: float,
         kinds: Collection[str] | None = None,
         alone: bool = True,
+        finished: Sequence[tuple[Lease, Outcome]] = (),
     ) -> ClaimResult:
+        results = tuple(await self.finish_many(finished)) if finished else ()
         self._woken.clear()  # this claim sees everything written before it
         now = self.clock.now()
         self._reap(now)
@@ -278,7 +280,8 @@ class MemoryStore:
             if self._is_queued(entry):
                 heapq.heappush(self._ready[key], entry)
         self._gates.update({name: book.states[name] for name in book.changed})
-        return ClaimResult(tuple(leases), now, earliest(book.wake_at(), self._next_run_at()))
+        wake_at = earliest(book.wake_at(), self._next_run_at())
+        return ClaimResult(tuple(leases), now, wake_at, finished=results)
 
     def _gate_state(self, name: str) -> GateState:
         return self._gates.get(name, GateState())

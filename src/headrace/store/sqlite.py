@@ -27,6 +27,7 @@ from collections.abc import (
     Sequence,
 )
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
 from urllib.parse import unquote, urlsplit
@@ -36,10 +37,7 @@ from headrace.policy.errors import ConfigError, SchemaTooNew, StoreError
 from headrace.policy.gate import GateConfig
 from headrace.store import sql
 from headrace.store.machine import Json, Sweeps, Transaction
-from headrace.store.types import (
-    ClaimResult,
-    Settings,
-)
+from headrace.store.types import ClaimResult, Lease, Outcome, Settings
 from headrace.store.verbs import TransactionVerbs, kinds_list
 from headrace.store.wake import WakeChannel
 
@@ -169,15 +167,17 @@ class SQLiteStore(TransactionVerbs):
         lease_for: float,
         kinds: Collection[str] | None = None,
         alone: bool = True,
+        finished: Sequence[tuple[Lease, Outcome]] = (),
     ) -> ClaimResult:
-        wanted = kinds_list(kinds)
+        wanted, batch = kinds_list(kinds), tuple(finished)
         self._woken.clear()  # this claim sees everything written before it
 
         async def verb(tx: Transaction) -> ClaimResult:
+            results = await tx.finish_many(batch) if batch else []
             if self._sweeps.due(tx.now):  # under the same write lock as the claim
                 self._sweeps.at = await tx.sweep()
             claimed = await tx.claim(worker, limit, lease_for, wanted, alone=alone)
-            return await claimed.result()
+            return replace(await claimed.result(), finished=tuple(results))
 
         return await self._write(verb)
 

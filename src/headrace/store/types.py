@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from headrace.policy.errors import ConfigError, ErrorClass
+from headrace.policy.errors import ConfigError, ErrorClass, HeadraceError
 from headrace.policy.gate import GateConfig
 from headrace.policy.redact import credential_in, redact
 from headrace.policy.tiers import Tier
@@ -227,6 +227,9 @@ class ClaimResult:
     # The earliest store time at which something not claimable now may become claimable
     # (a retry's run_at, a gate's next token); None when only a submit or a release can help.
     wake_at: float | None = None
+    # The results of the outcomes written with the claim (`Store.claim(finished=...)`), in
+    # their order: None when recorded, or the error `finish` would have raised.
+    finished: tuple[HeadraceError | None, ...] = ()
 
 
 @dataclass(frozen=True)

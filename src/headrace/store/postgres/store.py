@@ -39,6 +39,7 @@ import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
 import psycopg
@@ -50,10 +51,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from headrace.policy import fairness
 from headrace.policy.clock import Clock
-from headrace.policy.errors import (
-    ConfigError,
-    StoreError,
-)
+from headrace.policy.errors import ConfigError, HeadraceError, StoreError
 from headrace.policy.gate import GateConfig
 from headrace.store import sql
 from headrace.store.machine import Claimed, Sweeps, Transaction, check_gates, task_row
@@ -76,7 +74,7 @@ from headrace.store.postgres.connection import (
     without_password,
 )
 from headrace.store.postgres.listen import Listener
-from headrace.store.types import ClaimResult, NewTask, Settings, Submitted
+from headrace.store.types import ClaimResult, Lease, NewTask, Outcome, Settings, Submitted
 from headrace.store.verbs import TransactionVerbs, kinds_list
 
 T = TypeVar("T")
@@ -260,25 +258,30 @@ class PostgresStore(TransactionVerbs):
         lease_for: float,
         kinds: Collection[str] | None = None,
         alone: bool = True,
+        finished: Sequence[tuple[Lease, Outcome]] = (),
     ) -> ClaimResult:
-        wanted = kinds_list(kinds)
+        wanted, batch = kinds_list(kinds), tuple(finished)
+        # A claim that records outcomes commits durably, as `finish_many` does.
+        durable = self.durable_claims or bool(batch)
 
         # Reap expired leases and age low tasks once SWEEP_EVERY of store time has passed (or
         # the clock went back), judged by the clock as this store last saw it.
         seen = self.clock.now() if self.clock is not None else await self.now()
         sweep = self._sweeps.due(seen)
 
-        async def verb(tx: Transaction) -> Claimed:
-            return await tx.claim(
-                worker, limit, lease_for, wanted, alone=alone, durable=self.durable_claims
-            )
+        async def verb(tx: Transaction) -> tuple[list[HeadraceError | None], Claimed]:
+            # The outcomes first: they lock their tasks, then gates, as every writer does; the
+            # claim then holds those gates already and waits only above them.
+            results = await tx.finish_many(batch) if batch else []
+            claimed = await tx.claim(worker, limit, lease_for, wanted, alone=alone, durable=durable)
+            return results, claimed
 
         if sweep:
             # Its own transaction: the tasks it makes ready or promotes are not held by a claim
             # that has yet to lock their gates (another claim would skip them, out of order).
             self._sweeps.at = await self._write(lambda tx: tx.sweep())
-        claimed = await self._write(verb, clock_first=False)  # the claim reads it in passing
-        return await claimed.result()
+        results, claimed = await self._write(verb, clock_first=False)  # read in passing
+        return replace(await claimed.result(), finished=tuple(results))
 
     # -- transactions
 
