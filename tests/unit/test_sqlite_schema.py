@@ -13,10 +13,10 @@ import pytest
 from headrace.policy import ConfigError, KeyConflict, StoreError
 from headrace.policy.errors import SchemaTooNew
 from headrace.store import sql
-from headrace.store.sqlite import (
+from headrace.store.sqlite import SQLiteStore
+from headrace.store.sqlite.connection import (
     MIGRATIONS,
     QUERIES,
-    SQLiteStore,
     connect,
     migrate,
     path_from_url,

@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 
 from headrace.store.sqlite import SQLiteStore
+from headrace.store.sqlite.wake import WakeChannel, channel_directory
 from headrace.store.types import NewTask, Settings
-from headrace.store.wake import WakeChannel, channel_directory
 
 pytestmark = [pytest.mark.anyio, pytest.mark.realtime]
 
 BOUND = 1.0  # seconds a wake-up may take here: far above its cost, far below any poll
 NOTIFY = (  # the body of another process: one notify on the file named by its argument
-    "import sys, pathlib, headrace.store.wake as wake\n"
+    "import sys, pathlib, headrace.store.sqlite.wake as wake\n"
     "channel = wake.WakeChannel(pathlib.Path(sys.argv[1]), print)\n"
     "channel.notify()\n"
     "channel.close()\n"
@@ -160,7 +160,7 @@ def writable_by_others(directory: Path) -> None:
 async def test_an_unusable_directory_leaves_waits_to_the_poll(
     tmp_path: Path, spoil: Callable[[Path], None], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="headrace.store.wake")
+    caplog.set_level(logging.INFO, logger="headrace.store.sqlite.wake")
     database = tmp_path / "a.db"
     spoil(channel_directory(database))
     waiter, writer = SQLiteStore(database), SQLiteStore(database)

@@ -1,5 +1,5 @@
 """The `Store` verbs of the SQL stores, each one transaction of the state machine
-(`store/machine.py`): written once for SQLite and PostgreSQL, which differ only in how they run a
+(`store/machine/`): written once for SQLite and PostgreSQL, which differ only in how they run a
 transaction (`_write`, `_read`) and in their claims."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
--- The statements of the PostgreSQL store (store/postgres.py), by name. Parameters are psycopg's
+-- The statements of the PostgreSQL store (store/postgres/), by name. Parameters are psycopg's
 -- named placeholders; `%(now)s` is always the store clock's time in epoch seconds, read inside
 -- the verb's transaction (after the gate rows it needs are locked, for a claim). `{schema}` and
 -- `{channel}` are identifiers the store composes in; no other statement names the schema: the

@@ -1,4 +1,4 @@
--- The statements of the SQLite store (store/sqlite.py), by name, as store/machine.py asks for
+-- The statements of the SQLite store (store/sqlite/), by name, as store/machine/ asks for
 -- them. Parameters are named; lists come as JSON arrays, and `:now` is the transaction's time.
 -- A statement may be several, run in order: its rows are the last one's. A column named
 -- "x [headrace_json]" is read as JSON, under the name x.
@@ -34,6 +34,15 @@ PRAGMA synchronous = NORMAL;
 -- name: foreign_keys_on
 -- Enforce the REFERENCES clauses of the schema.
 PRAGMA foreign_keys = ON;
+
+-- name: checkpoint_backstop
+-- A commit checkpoints the log itself only past this many pages: the store's checkpointer
+-- (store/sqlite/checkpoint.py) copies it back long before, off the claims' path.
+PRAGMA wal_autocheckpoint = 20000;
+
+-- name: checkpoint
+-- Copy what the log holds back into the database, waiting for no reader or writer.
+PRAGMA wal_checkpoint(PASSIVE);
 
 -- name: user_version
 -- The schema version this file was migrated to.

@@ -15,47 +15,45 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import sqlite3
 from collections.abc import (
-    AsyncIterator,
     Awaitable,
     Callable,
     Collection,
-    Coroutine,
-    Mapping,
     Sequence,
 )
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar, cast
-from urllib.parse import unquote, urlsplit
+from typing import TypeVar
 
 from headrace.policy.clock import Clock, WallClock
-from headrace.policy.errors import ConfigError, SchemaTooNew, StoreError
+from headrace.policy.errors import ConfigError, StoreError
 from headrace.policy.gate import GateConfig
 from headrace.store import sql
-from headrace.store.machine import Json, Sweeps, Transaction
+from headrace.store.machine import Sweeps, Transaction
+from headrace.store.sqlite.checkpoint import Checkpointer
+from headrace.store.sqlite.connection import (
+    MIN_SQLITE_VERSION,
+    QUERIES,
+    Driver,
+    Queries,
+    connect,
+    drive,
+    in_transaction,
+    migrate,
+    path_from_url,
+    scripts,
+    translated,
+)
+from headrace.store.sqlite.wake import WakeChannel
 from headrace.store.types import ClaimResult, Lease, Outcome, Settings
 from headrace.store.verbs import TransactionVerbs, kinds_list
-from headrace.store.wake import WakeChannel
 
 T = TypeVar("T")
 
-SCHEME = "sqlite"
-QUERIES = "sqlite/queries.sql"
-MIGRATIONS = "sqlite/migrations"
-# RETURNING (3.35) and json_each; every supported Python ships a newer SQLite.
-MIN_SQLITE_VERSION = (3, 35, 0)
 # Seconds between looks for other processes' commits: the fallback when no wake-up comes.
 DATA_VERSION_POLL = 0.02
-STATEMENT_CACHE = 256  # prepared statements kept per connection: every named one, and more
-
-Queries = Mapping[str, sql.Query]
-
-sqlite3.register_converter("headrace_json", json.loads)
-_LOCKED = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)  # primary result codes
 
 
 class SQLiteStore(TransactionVerbs):
@@ -90,6 +88,7 @@ class SQLiteStore(TransactionVerbs):
         self._woke = False  # set on the store's thread by a write that may free work
         self._woken = asyncio.Event()  # ... and passed on to waiters by the event loop
         self._channel = WakeChannel(self.path, self._woken.set)  # ... to and from other processes
+        self._checkpointer: Checkpointer | None = None
 
     @classmethod
     def from_url(
@@ -113,6 +112,9 @@ class SQLiteStore(TransactionVerbs):
         except BaseException:
             await self.close()
             raise
+        if self._checkpointer is None:
+            self._checkpointer = Checkpointer(self.path, self._queries["checkpoint"].text)
+            self._checkpointer.start()
 
     async def upgrade(self) -> tuple[int, int]:
         """Apply the migrations the file lacks, on a connection of its own; return the schema
@@ -120,7 +122,7 @@ class SQLiteStore(TransactionVerbs):
         return await asyncio.to_thread(self._upgrade)
 
     def _upgrade(self) -> tuple[int, int]:
-        connection = _translated(lambda: connect(self.path, self.busy_timeout, self._queries))
+        connection = translated(lambda: connect(self.path, self.busy_timeout, self._queries))
         try:
             before = int(connection.execute(self._queries["user_version"].text).fetchone()[0])
             return before, migrate(connection, self._queries)
@@ -129,6 +131,9 @@ class SQLiteStore(TransactionVerbs):
 
     async def close(self) -> None:
         self._channel.close()
+        checkpointer, self._checkpointer = self._checkpointer, None
+        if checkpointer is not None:
+            await asyncio.to_thread(checkpointer.stop)
         executor, self._executor = self._executor, None
         if executor is None:
             return
@@ -142,9 +147,9 @@ class SQLiteStore(TransactionVerbs):
 
     async def wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
         """Return once a write of this store made work claimable since the last claim, or one
-        of another process did (its wake-up comes through store/wake.py), or another connection
-        committed (the file's data version, looked at every `data_version_poll` seconds: the
-        fallback for a lost wake-up), or after `timeout`."""
+        of another process did (its wake-up comes through store/sqlite/wake.py), or another
+        connection committed (the file's data version, looked at every `data_version_poll`
+        seconds: the fallback for a lost wake-up), or after `timeout`."""
         self._channel.listen()  # before the data version is read: no commit slips between
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -226,8 +231,8 @@ class SQLiteStore(TransactionVerbs):
             return result
 
         def work(conn: sqlite3.Connection) -> T:
-            tx = Transaction(_Driver(conn, self._scripts), self._configs, self.settings, self.clock)
-            result = _drive(steps(tx))
+            tx = Transaction(Driver(conn, self._scripts), self._configs, self.settings, self.clock)
+            result = drive(steps(tx))
             self._data_version = self._read_data_version(conn)
             self._woke = self._woke or tx.wake
             return result
@@ -239,7 +244,7 @@ class SQLiteStore(TransactionVerbs):
             return
         if sqlite3.sqlite_version_info < MIN_SQLITE_VERSION:
             raise StoreError(f"the sqlite store needs SQLite >= 3.35, not {sqlite3.sqlite_version}")
-        connection = _translated(lambda: connect(self.path, self.busy_timeout, self._queries))
+        connection = translated(lambda: connect(self.path, self.busy_timeout, self._queries))
         try:
             migrate(connection, self._queries)
         except BaseException:
@@ -251,163 +256,3 @@ class SQLiteStore(TransactionVerbs):
         connection, self._connection = self._connection, None
         if connection is not None:
             connection.close()
-
-
-def path_from_url(url: str) -> Path:
-    """The file a `sqlite:///relative/path.db` or `sqlite:////absolute/path.db` URL names."""
-    parts = urlsplit(url)
-    path = unquote(parts.path[1:]) if parts.path.startswith("/") else ""
-    if parts.scheme != SCHEME or parts.netloc or parts.query or parts.fragment or not path:
-        raise ConfigError(
-            "store url: expected sqlite:///relative/path.db or sqlite:////absolute/path.db, "
-            f"got {url!r}"
-        )
-    return Path(path)
-
-
-def connect(path: Path, busy_timeout: float, queries: Queries) -> sqlite3.Connection:
-    """A connection in autocommit mode (transactions are explicit), WAL, foreign keys on."""
-    connection = sqlite3.connect(
-        path,
-        timeout=busy_timeout,
-        isolation_level=None,
-        detect_types=sqlite3.PARSE_COLNAMES,  # a column "x [headrace_json]" is read as JSON
-        cached_statements=STATEMENT_CACHE,
-    )
-    try:
-        connection.row_factory = sqlite3.Row
-        for name in ("journal_wal", "synchronous_normal", "foreign_keys_on"):
-            connection.execute(queries[name].text).fetchall()
-    except BaseException:
-        connection.close()
-        raise
-    return connection
-
-
-def migrate(connection: sqlite3.Connection, queries: Queries) -> int:
-    """Apply the migrations the file lacks, all in one transaction; return the schema version."""
-
-    def apply(conn: sqlite3.Connection) -> int:
-        current = int(conn.execute(queries["user_version"].text).fetchone()[0])
-        migrations = sql.load_migrations(MIGRATIONS)
-        latest = migrations[-1].version
-        if current > latest:
-            raise SchemaTooNew("the database", current, latest)
-        for migration in migrations[current:]:
-            for statement in migration.statements:
-                conn.execute(statement)
-            conn.execute(queries["set_user_version"].text.format(version=migration.version))
-        return latest
-
-    return in_transaction(connection, queries, "begin_write", apply)
-
-
-def in_transaction(
-    connection: sqlite3.Connection,
-    queries: Queries,
-    begin: str,
-    work: Callable[[sqlite3.Connection], T],
-) -> T:
-    """Run `work` in one transaction: commit, or roll back and re-raise. SQLite errors come out
-    as StoreError."""
-
-    def attempt() -> T:
-        connection.execute(queries[begin].text)
-        try:
-            result = work(connection)
-            connection.execute(queries["commit"].text)
-        except BaseException:
-            if connection.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    connection.execute(queries["rollback"].text)
-            raise
-        return result
-
-    return _translated(attempt)
-
-
-def scripts(queries: Queries) -> dict[str, tuple[str, ...]]:
-    """Each named query's statements: a query may be several, run in order."""
-    return {name: tuple(sql.split_statements(q.text + ";")) for name, q in queries.items()}
-
-
-class _Driver:
-    """Named statements on the store thread's connection, run at once: a transaction's steps
-    never wait for anything else, so `_drive` runs them to the end without an event loop."""
-
-    name = "sqlite"
-
-    def __init__(self, conn: sqlite3.Connection, statements: Mapping[str, tuple[str, ...]]):
-        self._conn = conn
-        self._statements = statements
-
-    async def send(self, query: str, params: Mapping[str, object]) -> _Rows:
-        bound = _bound(params)
-        *before, last = self._statements[query]
-        for statement in before:
-            self._conn.execute(statement, bound)
-        return _Rows(self._conn.execute(last, bound).fetchall())
-
-    async def run_many(self, query: str, params: Sequence[Mapping[str, object]]) -> None:
-        [statement] = self._statements[query]
-        self._conn.executemany(statement, [_bound(p) for p in params])
-
-    @contextlib.asynccontextmanager
-    async def savepoint(self) -> AsyncIterator[object]:
-        (begin,), (undo,), (end,) = (
-            self._statements[name]
-            for name in ("savepoint", "rollback_to_savepoint", "release_savepoint")
-        )
-        self._conn.execute(begin)
-        try:
-            yield self
-        except BaseException:
-            self._conn.execute(undo)
-            raise
-        finally:
-            self._conn.execute(end)
-
-
-class _Rows:
-    """A statement's rows, read already."""
-
-    def __init__(self, rows: list[sqlite3.Row]) -> None:
-        self._rows = rows
-
-    async def fetchall(self) -> list[sqlite3.Row]:
-        return self._rows
-
-    async def fetchone(self) -> sqlite3.Row | None:
-        return self._rows[0] if self._rows else None
-
-
-def _bound(params: Mapping[str, object]) -> dict[str, object]:
-    """Parameters as SQLite takes them: lists and `Json` values as JSON text."""
-    return {
-        name: json.dumps(value.value if isinstance(value, Json) else list(value))
-        if isinstance(value, Json | list | tuple)
-        else value
-        for name, value in params.items()
-    }
-
-
-def _drive(steps: Coroutine[Any, Any, T]) -> T:
-    """Run a transaction's steps, which only ever await `_Driver` (it never suspends)."""
-    try:
-        steps.send(None)
-    except StopIteration as done:
-        return cast(T, done.value)
-    steps.close()
-    raise StoreError("sqlite store: a transaction step waited on something else than the file")
-
-
-def _translated(work: Callable[[], T]) -> T:
-    try:
-        return work()
-    except sqlite3.Error as exc:
-        if getattr(exc, "sqlite_errorcode", 0) & 0xFF in _LOCKED:
-            raise StoreError("sqlite store: the database stayed locked past busy_timeout") from exc
-        raise StoreError(f"sqlite store: {exc}") from exc
-
-
-__all__ = ["SQLiteStore", "connect", "migrate", "path_from_url"]

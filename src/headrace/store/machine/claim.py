@@ -1,0 +1,294 @@
+"""Claims: ready tasks read in (tier, tag, id) order a batch at a time, their gates locked
+first, chosen in turn through `GateBook`, and leased; remote polls leased."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from dataclasses import dataclass
+
+from headrace.policy import fairness
+from headrace.policy.errors import (
+    StoreError,
+)
+from headrace.policy.tiers import AGING_CEILING, Tier, aged_tier
+from headrace.store.dispatch import GateBook, earliest, fits_claim, gate_key
+from headrace.store.machine.core import AGING_SLACK, CLAIM_BATCH, Pending
+from headrace.store.machine.outcomes import Outcomes
+from headrace.store.rows import (
+    Candidate,
+    candidate_of,
+    task_of,
+)
+from headrace.store.types import (
+    ClaimResult,
+    Lease,
+)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A claim's outcome, its leases read once the transaction committed (`leased`: the rows
+    `lease_tasks` returned, received with the commit)."""
+
+    leased: Pending | None
+    ids: list[int]
+    until: float
+    now: float
+    wake_at: float | None
+
+    async def result(self) -> ClaimResult:
+        if self.leased is None:
+            return ClaimResult((), self.now, self.wake_at)
+        rows = await self.leased.fetchall()  # no round trip: the commit's sync brought them
+        held = {record.id: record for record in map(task_of, rows)}
+        leases = (Lease(held[i], held[i].lease_token, self.until) for i in self.ids)
+        return ClaimResult(tuple(leases), self.now, self.wake_at)
+
+
+class Claiming(Outcomes):
+    # -- claiming
+
+    async def claim(
+        self,
+        worker: str,
+        limit: int,
+        lease_for: float,
+        kinds: list[str] | None,
+        *,
+        alone: bool = True,
+        durable: bool = True,
+    ) -> Claimed:
+        """The claim's time, counters and next run_at (`claim_start`) come back with the first
+        batch's gates, in one round trip. Each batch's gates are locked before its tasks, so a
+        task is only ever held by a claim that holds its gates: two claims never hand a gate's
+        tickets out of (tier, tag) order. Not `durable`: the commit does not wait for the WAL
+        flush."""
+        clock = None if self._clock is None else self._clock.now()
+        commit = "on" if durable else "off"
+        self._gates_before_claim = len(self.gates.states) + len(self.gates.busy)
+        start: Pending | None = await self.send("claim_start", clock=clock, commit=commit)
+        next_at: float | None = None
+        chosen: list[Candidate] = []
+        excluded: set[str] = set()
+        book: GateBook | None = None
+        async with contextlib.aclosing(self.rounds(kinds, excluded, limit)) as rounds:
+            async for candidates in rounds:
+                if start is not None:
+                    next_at, start = await self.read_claim_start(start), None
+                book = book or GateBook(self.configs, self.gates.get, self.now)
+                if self.admit(book, candidates, chosen, excluded, limit, alone):
+                    break
+        if start is not None:  # no candidate at all
+            next_at = await self.read_claim_start(start)
+        book = book or GateBook(self.configs, self.gates.get, self.now)
+        for name in book.changed:
+            self.gates.put(name, book.states[name])
+        wake_at = earliest(book.wake_at(), next_at)
+        return await self.lease(chosen, worker, lease_for, wake_at)
+
+    async def sweep(self) -> float:
+        """Reap expired leases and age low tasks; return the store time it ran at."""
+        await self.read_clock()
+        aging = await self.send_aging()
+        if await self.reap():
+            aging = await self.send_aging()  # tasks made ready again may age as well
+        await self.age(aging)
+        return self.now
+
+    async def read_claim_start(self, sent: Pending) -> float | None:
+        """The time `claim_start` fixed for the claim's statements and the counters it read;
+        return the earliest future run_at of a ready task (reaping and leasing cannot change
+        it)."""
+        found = await sent.fetchone()
+        if found is None:
+            raise StoreError(f"{self.driver.name} store: claim_start returned no row")
+        self.now = max(self.now, float(found["now"]))
+        self._dispatches = int(found["dispatches"])
+        self._virtual_time = float(found["virtual_time"])
+        return None if found["next_at"] is None else float(found["next_at"])
+
+    async def rounds(
+        self, kinds: list[str] | None, excluded: set[str], limit: int
+    ) -> AsyncGenerator[list[Candidate], None]:
+        """Ready tasks due now in (tier, tag, id) order, a batch at a time (the first just big
+        enough for `limit`, then growing): in one statement, each batch's gates are locked
+        first, then its tasks whose gates this claim holds. Handed out whole rounds at a time:
+        a run of equal (tier, tag) is never split, so `take_turns` sees each round entire. Gate
+        keys in `excluded` (refused so far) are left out of later batches."""
+        after: tuple[int, float, int] = (-1, 0.0, 0)
+        size = min(CLAIM_BATCH, 2 * limit + 8)
+        held: list[Candidate] = []
+        while True:
+            batch = {"tier": after[0], "tag": after[1], "id": after[2], "kinds": kinds}
+            peeked, last, tasks = await self.claim_batch(batch, sorted(excluded), size)
+            if peeked < size:
+                if held or tasks:
+                    yield held + tasks
+                return
+            assert last is not None
+            after = last
+            size = min(CLAIM_BATCH, size * 4)
+            if not (held or tasks):  # every task of the batch held by others, or refused
+                continue
+            whole, held = _split_last_round([*held, *tasks])
+            if whole:
+                yield whole
+
+    async def claim_batch(
+        self, batch: Mapping[str, object], refused: list[str], size: int
+    ) -> tuple[int, tuple[int, float, int] | None, list[Candidate]]:
+        """The next batch of up to `size` candidates: its gates locked (the first time, the
+        clock read once they are held), then those of its tasks whose gates are all held.
+        Returns how many tasks the batch had, the last one's (tier, tag, id) and the tasks
+        taken. A gate used for the first time has no row to lock yet: it is made, and the
+        batch read again."""
+        for _ in range(2):
+            # Until the claim holds (or met busy) a gate of its own, the clock is read again
+            # once the batch's gates are held: it may have waited for them. Gates that outcomes
+            # in the same transaction hold do not count.
+            first = len(self.gates.states) + len(self.gates.busy) == self._gates_before_claim
+            sent = await self.send(
+                "claim_batch",
+                **batch,
+                refused=refused,
+                batch=size,
+                held=sorted(self.gates.states),
+                top=max(self.gates.states, default=""),
+            )
+            time = await self.send_clock() if first else None
+            rows = await sent.fetchall()
+            if first:
+                await self.read_clock(time)
+            edge = rows[0]
+            self.gates.take(edge["gate_rows"])
+            others = [name for name in edge["wanted"] if name not in self.gates.states]
+            if not others or not await self.gates.make(others):
+                self.gates.busy.update(others)  # another claim holds them: its tasks are its
+                break
+        for row in rows:  # when each flow was last served, read with the candidates
+            if row["id"] is not None:
+                self._served.setdefault(row["flow"], int(row["flow_served"]))
+        tasks = [candidate_of(row) for row in rows if row["id"] is not None]
+        if edge["last_id"] is None:
+            return 0, None, tasks
+        last = (int(edge["last_tier"]), float(edge["last_tag"]), int(edge["last_id"]))
+        return int(edge["peeked"]), last, tasks
+
+    def admit(
+        self,
+        book: GateBook,
+        candidates: Sequence[Candidate],
+        chosen: list[Candidate],
+        excluded: set[str],
+        limit: int,
+        alone: bool,
+    ) -> bool:
+        """Choose among `candidates` in turn; True once the claim is complete."""
+        ordered = fairness.take_turns(
+            candidates,
+            rank=lambda task: (task.tier, task.tag),
+            flow=lambda task: task.flow,
+            last_served=self.last_served,
+        )
+        for task in ordered:
+            if len(chosen) >= limit:
+                break
+            key = gate_key(task.gates)
+            if key in excluded or key in book.refused_keys:
+                continue
+            if not fits_claim(task, len(chosen), alone):
+                continue
+            if self.gates.busy.intersection(task.gates):
+                excluded.add(key)  # another claim holds one of its gates: next claim
+            elif book.admit(task.gates):
+                chosen.append(task)
+                self.dispatched(task)
+                if task.solo:
+                    return True
+        excluded.update(book.refused_keys)
+        return len(chosen) >= limit
+
+    def last_served(self, flow: str) -> int:
+        return self._served.get(flow, 0)
+
+    def dispatched(self, task: Candidate) -> None:
+        self._virtual_time = fairness.advance(self._virtual_time or 0.0, task.tag)
+        self._dispatches = (self._dispatches or 0) + 1
+        self._served[task.flow] = self._dispatches
+        self._served_now.add(task.flow)
+        self._last_tags[task.flow] = max(self._last_tags.get(task.flow, task.tag), task.tag)
+
+    async def lease(
+        self, chosen: Sequence[Candidate], worker: str, lease_for: float, wake_at: float | None
+    ) -> Claimed:
+        """Lease `chosen`; the leased rows are read once the transaction has committed (they
+        come back with the commit: one round trip for both)."""
+        until = self.now + lease_for
+        if not chosen:
+            return Claimed(None, [], until, self.now, wake_at)
+        ids = [task.id for task in chosen]
+        flows = sorted(self._served_now)
+        await self.run("lock_flows", flows=flows)  # before the counters
+        rated = sorted({name for task in chosen for name in task.gates if self.rated(name)})
+        leased = await self.send(
+            "lease_tasks",
+            ids=ids,
+            rated=rated,
+            worker=worker,
+            until=until,
+            virtual_time=self._virtual_time or 0.0,
+            # turns numbered up to this claim's count (`base`), renumbered once it is counted
+            base=self._dispatches or 0,
+            flows=flows,
+            served=[self._served[flow] for flow in flows],
+            tags=[self._last_tags[flow] for flow in flows],
+        )
+        return Claimed(leased, ids, until, self.now, wake_at)
+
+    async def send_aging(self) -> Pending | None:
+        """Ready tasks below the aging ceiling that may have waited an aging step."""
+        step = self.settings.aging_step
+        if step <= 0:
+            return None
+        cutoff = self.now - step + AGING_SLACK
+        return await self.send("aging_candidates", ceiling=int(AGING_CEILING), cutoff=cutoff)
+
+    async def age(self, candidates: Pending | None) -> None:
+        if candidates is None:
+            return
+        promoted: dict[int, int] = {}
+        for found in await candidates.fetchall():
+            tier = Tier(found["tier"])
+            aged = aged_tier(tier, self.now - found["ready_since"], self.settings.aging_step)
+            if aged != tier:
+                promoted[int(found["id"])] = int(aged)
+        if promoted:
+            await self.run("promote", ids=list(promoted), tiers=list(promoted.values()))
+
+    async def claim_polls(
+        self, worker: str, limit: int, lease_for: float, kinds: list[str] | None
+    ) -> ClaimResult:
+        due = [
+            int(row["id"]) for row in await self.rows("due_polls", kinds=kinds, limit=max(0, limit))
+        ]
+        leases: list[Lease] = []
+        if due:
+            until = self.now + lease_for
+            found = await self.rows("lease_polls", ids=due, worker=worker, until=until)
+            leased = {record.id: record for record in map(task_of, found)}
+            leases = [Lease(leased[i], leased[i].lease_token, until) for i in due]
+        later = (await self.one("next_poll_at"))["at"]
+        return ClaimResult(tuple(leases), self.now, later)
+
+
+def _split_last_round(
+    candidates: list[Candidate],
+) -> tuple[list[Candidate], list[Candidate]]:
+    """`candidates` cut before the run of equal (tier, tag) that ends it (which may go on in
+    the next batch)."""
+    last = (candidates[-1].tier, candidates[-1].tag)
+    cut = len(candidates)
+    while cut and (candidates[cut - 1].tier, candidates[cut - 1].tag) == last:
+        cut -= 1
+    return candidates[:cut], candidates[cut:]

@@ -1,0 +1,279 @@
+"""Submission: a batch checked, its keys and dependencies resolved, its tasks tagged and created."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from headrace.policy import fairness
+from headrace.policy import gate as gating
+from headrace.policy.errors import (
+    ConfigError,
+    QueueFull,
+    StoreError,
+    UnknownTask,
+)
+from headrace.policy.gate import GateConfig
+from headrace.store import idempotency
+from headrace.store.dispatch import gate_key
+from headrace.store.machine.core import Json
+from headrace.store.machine.tickets import Tickets
+from headrace.store.rows import (
+    Row,
+)
+from headrace.store.types import (
+    UPSTREAM_FAILED,
+    NewTask,
+    Sibling,
+    Submitted,
+    TaskState,
+)
+
+
+@dataclass
+class Planned:
+    """A task of a submitted batch that will be created."""
+
+    id: int
+    task: NewTask
+    unmet: list[int]
+    failed: bool  # a dependency is already dead or cancelled
+    payload_digest: str | None  # kept with a keyed task (store/idempotency.py)
+    tag: float = 0.0
+
+
+class Submission(Tickets):
+    # -- submission
+
+    async def submit(self, tasks: Sequence[NewTask], bounds: Mapping[str, int]) -> list[Submitted]:
+        if not tasks or any(task.kind in bounds for task in tasks):
+            await self.read_clock()
+            states = await self.check_batch(tasks)
+            planned = idempotency.plan(tasks, await self.known_keys(tasks))
+            await self.check_bounds(tasks, planned, bounds)
+            return await self.create(tasks, states, planned)
+        return await self.submit_unbounded(tasks)
+
+    async def submit_unbounded(self, tasks: Sequence[NewTask]) -> list[Submitted]:
+        """A batch no bound counts, in one round trip before the insert: the tasks it depends on
+        held (FOR SHARE), its keys looked up, then its flows made and locked, ids drawn (one per
+        task, a few maybe unused), the virtual time read and the clock (once the flows are
+        locked), in one statement.
+        """
+        named = self.named_dependencies(tasks)
+        shared = await self.send("share_tasks", ids=sorted(set(named))) if named else None
+        keys = sorted({task.key for task in tasks if task.key is not None})
+        keyed = await self.send("task_ids_by_keys", keys=keys) if keys else None
+        clock = None if self._clock is None else self._clock.now()
+        flows = sorted({task.flow for task in tasks})
+        start = await self.send("submit_start", flows=flows, n=len(tasks), clock=clock)
+        rows = await shared.fetchall() if shared is not None else []
+        states = {int(row["id"]): TaskState(row["state"]) for row in rows}
+        for dep in named:
+            if dep not in states:
+                raise UnknownTask(dep)
+        planned = idempotency.plan(
+            tasks, _known(await keyed.fetchall() if keyed is not None else [])
+        )
+        found = await start.fetchone()
+        if found is None:
+            raise StoreError(f"{self.driver.name} store: submit_start returned no row")
+        self.now = max(self.now, float(found["now"]))
+        self._virtual_time = float(found["virtual_time"])
+        finish = dict(zip(found["flows"], map(float, found["finish_tags"]), strict=True))
+        ids = [int(drawn) for drawn in found["ids"]]
+        return await self.create(tasks, states, planned, ids=ids, finish=finish)
+
+    async def check_batch(self, tasks: Sequence[NewTask]) -> dict[int, TaskState]:
+        """Refuse a batch naming an unknown gate or task; hold the tasks it depends on still
+        (FOR SHARE) and return their states."""
+        named = self.named_dependencies(tasks)
+        states = await self.dependency_states(named)
+        for dep in named:
+            if dep not in states:
+                raise UnknownTask(dep)
+        return states
+
+    def named_dependencies(self, tasks: Sequence[NewTask]) -> list[int]:
+        """The task ids a batch depends on; an unknown gate or a later sibling is refused."""
+        check_gates(tasks, self.configs)
+        named: list[int] = []
+        for index, task in enumerate(tasks):
+            for dep in task.after:
+                if not isinstance(dep, Sibling):
+                    named.append(dep)
+                elif not 0 <= dep.index < index:
+                    raise ConfigError(f"task.after: sibling {dep.index} is not earlier")
+        return named
+
+    async def dependency_states(self, ids: Iterable[int]) -> dict[int, TaskState]:
+        wanted = sorted(set(ids))
+        if not wanted:
+            return {}
+        found = await self.rows("share_tasks", ids=wanted)
+        return {int(row["id"]): TaskState(row["state"]) for row in found}
+
+    async def known_keys(self, tasks: Sequence[NewTask]) -> dict[str, idempotency.KnownKey]:
+        """The tasks the batch's keys name already, with their payload digests."""
+        keys = sorted({task.key for task in tasks if task.key is not None})
+        if not keys:
+            return {}
+        return _known(await self.rows("task_ids_by_keys", keys=keys))
+
+    async def check_bounds(
+        self,
+        tasks: Sequence[NewTask],
+        planned: Sequence[idempotency.Planned],
+        bounds: Mapping[str, int],
+    ) -> None:
+        for kind in sorted(bounds):
+            new = idempotency.created_of_kind(tasks, planned, kind)
+            if not new:
+                continue
+            # One submitter at a time counts a bounded kind, so two cannot both squeeze in.
+            await self.run("advisory_lock", lock=f"headrace.bound:{kind}")
+            queued = int((await self.one("count_queued", kind=kind))["n"])
+            if queued + new > bounds[kind]:
+                raise QueueFull(kind, bounds[kind])
+
+    async def create(
+        self,
+        tasks: Sequence[NewTask],
+        states: dict[int, TaskState],
+        planned: Sequence[idempotency.Planned],
+        *,
+        ids: Sequence[int] | None = None,
+        finish: dict[str, float] | None = None,
+    ) -> list[Submitted]:
+        """Create the batch's new tasks (`planned` None; the others name a task already) in one
+        statement. `ids` drawn already (at least one per new task); `finish`: the flows locked
+        already."""
+        if not tasks:
+            return []
+        fresh = {index for index, step in enumerate(planned) if step is None}
+        if ids is None:
+            ids = [int(row["id"]) for row in await self.rows("next_task_ids", n=len(fresh))]
+        fresh_ids = iter(ids)
+        results: list[Submitted] = []
+        for step in planned:
+            if step is None:
+                results.append(Submitted(next(fresh_ids), created=True))
+            else:
+                results.append(idempotency.reused(step, results))
+        if fresh:
+            await self.insert(tasks, results, states, fresh, finish)
+        return results
+
+    async def insert(
+        self,
+        tasks: Sequence[NewTask],
+        results: Sequence[Submitted],
+        states: dict[int, TaskState],
+        fresh: Collection[int],
+        finish: dict[str, float] | None = None,
+    ) -> None:
+        created = {results[index].id for index in fresh}
+        afters = [_resolved(task, results) for task in tasks]
+        others = {dep for after in afters for dep in after} - created - states.keys()
+        states.update(await self.dependency_states(others))
+        planned = [_plan(results[i].id, tasks[i], afters[i], states) for i in sorted(fresh)]
+        await self.tag(planned, finish)
+        # Not read before the commit: a key another writer took since `known_keys` fails the
+        # transaction, and the next try finds that writer's task.
+        await self.run(
+            "insert_tasks",
+            tasks=_insert_params(planned, self.now),
+            flow_names=list(self._finishes),
+            flow_finishes=list(self._finishes.values()),
+        )
+        deps = [(dep, p.id) for p in planned for dep in p.unmet]
+        if deps:
+            dep_ids, task_ids = zip(*deps, strict=True)
+            await self.run("insert_dependencies", dep_ids=list(dep_ids), task_ids=list(task_ids))
+        for failed in (p for p in planned if p.failed):
+            await self.cancel_tree(failed.id, UPSTREAM_FAILED)
+        self.wake = self.wake or any(not p.unmet for p in planned)
+
+    async def tag(self, planned: Sequence[Planned], locked: dict[str, float] | None) -> None:
+        """Start tags for new tasks, in batch order; their flows' rows are locked in name order
+        (`locked`: already, with their finish tags)."""
+        flows = sorted({p.task.flow for p in planned})
+        if locked is None:
+            await self.run("add_flows", flows=flows)
+            found = await self.send("lock_flows", flows=flows)  # held already after `prepare`
+            if self._virtual_time is None:
+                self._counters = await self.send("meta_values")
+            locked = {row["flow"]: float(row["finish_tag"]) for row in await found.fetchall()}
+        finish = {flow: locked[flow] for flow in flows}
+        virtual_time = await self.virtual_time()
+        for p in planned:
+            tagged = fairness.tag(virtual_time, finish[p.task.flow], p.task.weight)
+            finish[p.task.flow] = tagged.flow_finish
+            p.tag = tagged.start
+        self._finishes = {flow: finish[flow] for flow in flows}  # written with the insert
+
+    async def virtual_time(self) -> float:
+        if self._virtual_time is None:
+            await self.load_counters()
+        return self._virtual_time or 0.0
+
+
+def _resolved(task: NewTask, results: Sequence[Submitted]) -> list[int]:
+    return [results[d.index].id if isinstance(d, Sibling) else d for d in task.after]
+
+
+def _plan(
+    task_id: int, task: NewTask, after: Sequence[int], states: Mapping[int, TaskState]
+) -> Planned:
+    unmet = sorted({dep for dep in after if states.get(dep) is not TaskState.SUCCEEDED})
+    failed = any(states.get(dep) in (TaskState.DEAD, TaskState.CANCELLED) for dep in unmet)
+    return Planned(task_id, task, unmet, failed, idempotency.stored_digest(task, after))
+
+
+def _known(rows: Iterable[Row]) -> dict[str, idempotency.KnownKey]:
+    """`task_ids_by_keys` rows by key."""
+    return {row["key"]: idempotency.KnownKey(int(row["id"]), row["payload_digest"]) for row in rows}
+
+
+def check_gates(tasks: Iterable[NewTask], configs: Mapping[str, GateConfig]) -> None:
+    """Refuse a task naming an unknown gate."""
+    for task in tasks:
+        for name in task.gates:
+            gating.resolve(name, configs)
+
+
+def task_row(task: NewTask) -> dict[str, Any]:
+    """A new task's own columns, as `submit_plain` and `insert_tasks` read them."""
+    return {
+        "kind": task.kind,
+        "ref": task.ref,
+        "gates": list(task.gates),
+        "gate_key": gate_key(task.gates),
+        "flow": task.flow,
+        "grp": task.group,
+        "tier": int(task.tier),
+        "cost": float(task.cost),
+        "max_attempts": task.max_attempts,
+    }
+
+
+def _insert_params(planned: Sequence[Planned], now: float) -> Json:
+    """The rows `insert_tasks` creates, as one JSON array (one parameter to send, whatever the
+    batch's size)."""
+    return Json(
+        [
+            {
+                **task_row(p.task),
+                "id": p.id,
+                "key": p.task.key,
+                "payload_digest": p.payload_digest,
+                "state": (TaskState.PENDING if p.unmet else TaskState.READY).value,
+                "tag": p.tag,
+                "run_at": now + p.task.delay,
+                "ready_since": None if p.unmet else now,
+                "unmet": len(p.unmet),
+            }
+            for p in planned
+        ]
+    )

@@ -1,0 +1,95 @@
+"""The store's state machine, written once: every verb's transaction (submit, claim, the
+outcomes, start stamps, renewals, cancel, redrive, reaping, the reads) as steps over named
+statements. A backend is a `Driver`: it runs a named statement of its own dialect and hands back
+its rows; the memory store is the model the conformance suite holds this to.
+
+Writers lock rows in one order: tasks (by id), then gates (by name), then flows (by name), then
+the store-wide counters, and the cost ledger (a row per group, kind and worker) last. An outcome
+(or a batch of them) locks all it will touch before it writes anything. Where a claim discovers
+a gate out of that order it takes the row only if it is free. On a database with row locks
+(PostgreSQL) the `lock_*` statements take them; on one that serialises writers (SQLite) they
+only read.
+
+Time: with no clock given, every lease, run_at and gate time is the server's clock read in the
+transaction (again after waiting for gate rows), so hosts with skewed clocks agree; with a
+clock (a test's, or SQLite's) its value is used in the same statements.
+
+Statements whose rows are not read are sent without waiting (`run`); a driver in pipeline mode
+sends them with the next statement whose rows are read."""
+
+from __future__ import annotations
+
+from headrace.policy import gate as gating
+from headrace.policy.errors import (
+    UnknownGate,
+)
+from headrace.policy.gate import GateStatistics
+from headrace.store.machine.claim import Claiming
+from headrace.store.rows import (
+    attempt_of,
+    counts_by_state,
+    gate_state_of,
+    stage_of,
+    task_of,
+)
+from headrace.store.types import (
+    Attempt,
+    Failure,
+    GroupReport,
+    StageStats,
+    TaskRecord,
+    TaskState,
+)
+
+
+class Transaction(Claiming):
+    """One verb's transaction: the statements it runs and the state machine's steps, as in
+    `MemoryStore` and `SQLiteStore` (the conformance suite holds the three to one semantics)."""
+
+    # -- reading
+
+    async def find(self, key: str) -> TaskRecord | None:
+        found = await self.rows("task_ids_by_keys", keys=[key])
+        return await self.task(int(found[0]["id"])) if found else None
+
+    async def tasks(
+        self, group: str | None, state: TaskState | None, kind: str | None, limit: int
+    ) -> list[TaskRecord]:
+        value = state.value if state is not None else None
+        found = await self.rows("list_tasks", grp=group, state=value, kind=kind, limit=limit)
+        return [task_of(row) for row in found]
+
+    async def attempts(self, task_id: int) -> list[Attempt]:
+        await self.task(task_id)
+        return [attempt_of(found) for found in await self.rows("task_attempts", task_id=task_id)]
+
+    async def counts(self, kinds: list[str] | None) -> dict[TaskState, int]:
+        return counts_by_state(await self.rows("count_by_state", kinds=kinds))
+
+    async def stages(self, kinds: list[str] | None) -> list[StageStats]:
+        found = await self.rows("stage_stats", kinds=kinds)
+        return [stage_of(row, self.now) for row in found]
+
+    async def groups(self) -> list[str]:
+        return sorted(str(found["grp"]) for found in await self.rows("group_names"))
+
+    async def group_report(self, group: str) -> GroupReport:
+        by_state = counts_by_state(await self.rows("group_counts", grp=group))
+        spent = await self.rows("group_ledger", grp=group)
+        cost = dict(sorted((str(r["kind"]), float(r["units"])) for r in spent))
+        failures = tuple(
+            Failure(r["id"], r["kind"], r["ref"], r["error_code"], r["attempt"])
+            for r in await self.rows("group_failures", grp=group)
+        )
+        total = sum(by_state.values())
+        return GroupReport(group, total, by_state, cost, failures)
+
+    async def gate_statistics(self) -> list[GateStatistics]:
+        stats: list[GateStatistics] = []
+        for found in await self.rows("all_gates"):
+            try:
+                config = gating.resolve(found["name"], self.configs)
+            except UnknownGate:
+                continue  # declared by another process sharing the store, not by this one
+            stats.append(gating.statistics(config, gate_state_of(found), self.now))
+        return sorted(stats, key=lambda s: s.name)

@@ -1,0 +1,188 @@
+"""The SQLite store's file: its URL, connections (WAL, foreign keys, JSON columns), migrations,
+and the driver that runs the machine's named statements at once on the store's thread."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar, cast
+from urllib.parse import unquote, urlsplit
+
+from headrace.policy.errors import ConfigError, SchemaTooNew, StoreError
+from headrace.store import sql
+from headrace.store.machine import Json
+
+T = TypeVar("T")
+
+SCHEME = "sqlite"
+QUERIES = "sqlite/queries.sql"
+MIGRATIONS = "sqlite/migrations"
+# RETURNING (3.35) and json_each; every supported Python ships a newer SQLite.
+MIN_SQLITE_VERSION = (3, 35, 0)
+STATEMENT_CACHE = 256  # prepared statements kept per connection: every named one, and more
+
+Queries = Mapping[str, sql.Query]
+
+sqlite3.register_converter("headrace_json", json.loads)
+_LOCKED = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)  # primary result codes
+
+
+def path_from_url(url: str) -> Path:
+    """The file a `sqlite:///relative/path.db` or `sqlite:////absolute/path.db` URL names."""
+    parts = urlsplit(url)
+    path = unquote(parts.path[1:]) if parts.path.startswith("/") else ""
+    if parts.scheme != SCHEME or parts.netloc or parts.query or parts.fragment or not path:
+        raise ConfigError(
+            "store url: expected sqlite:///relative/path.db or sqlite:////absolute/path.db, "
+            f"got {url!r}"
+        )
+    return Path(path)
+
+
+def connect(path: Path, busy_timeout: float, queries: Queries) -> sqlite3.Connection:
+    """A connection in autocommit mode (transactions are explicit), WAL, foreign keys on; its
+    commits leave checkpoints to the store's checkpointer."""
+    connection = sqlite3.connect(
+        path,
+        timeout=busy_timeout,
+        isolation_level=None,
+        detect_types=sqlite3.PARSE_COLNAMES,  # a column "x [headrace_json]" is read as JSON
+        cached_statements=STATEMENT_CACHE,
+    )
+    try:
+        connection.row_factory = sqlite3.Row
+        for name in ("journal_wal", "synchronous_normal", "foreign_keys_on", "checkpoint_backstop"):
+            connection.execute(queries[name].text).fetchall()
+    except BaseException:
+        connection.close()
+        raise
+    return connection
+
+
+def migrate(connection: sqlite3.Connection, queries: Queries) -> int:
+    """Apply the migrations the file lacks, all in one transaction; return the schema version."""
+
+    def apply(conn: sqlite3.Connection) -> int:
+        current = int(conn.execute(queries["user_version"].text).fetchone()[0])
+        migrations = sql.load_migrations(MIGRATIONS)
+        latest = migrations[-1].version
+        if current > latest:
+            raise SchemaTooNew("the database", current, latest)
+        for migration in migrations[current:]:
+            for statement in migration.statements:
+                conn.execute(statement)
+            conn.execute(queries["set_user_version"].text.format(version=migration.version))
+        return latest
+
+    return in_transaction(connection, queries, "begin_write", apply)
+
+
+def in_transaction(
+    connection: sqlite3.Connection,
+    queries: Queries,
+    begin: str,
+    work: Callable[[sqlite3.Connection], T],
+) -> T:
+    """Run `work` in one transaction: commit, or roll back and re-raise. SQLite errors come out
+    as StoreError."""
+
+    def attempt() -> T:
+        connection.execute(queries[begin].text)
+        try:
+            result = work(connection)
+            connection.execute(queries["commit"].text)
+        except BaseException:
+            if connection.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    connection.execute(queries["rollback"].text)
+            raise
+        return result
+
+    return translated(attempt)
+
+
+def scripts(queries: Queries) -> dict[str, tuple[str, ...]]:
+    """Each named query's statements: a query may be several, run in order."""
+    return {name: tuple(sql.split_statements(q.text + ";")) for name, q in queries.items()}
+
+
+class Driver:
+    """Named statements on the store thread's connection, run at once: a transaction's steps
+    never wait for anything else, so `_drive` runs them to the end without an event loop."""
+
+    name = "sqlite"
+
+    def __init__(self, conn: sqlite3.Connection, statements: Mapping[str, tuple[str, ...]]):
+        self._conn = conn
+        self._statements = statements
+
+    async def send(self, query: str, params: Mapping[str, object]) -> _Rows:
+        bound = _bound(params)
+        *before, last = self._statements[query]
+        for statement in before:
+            self._conn.execute(statement, bound)
+        return _Rows(self._conn.execute(last, bound).fetchall())
+
+    async def run_many(self, query: str, params: Sequence[Mapping[str, object]]) -> None:
+        [statement] = self._statements[query]
+        self._conn.executemany(statement, [_bound(p) for p in params])
+
+    @contextlib.asynccontextmanager
+    async def savepoint(self) -> AsyncIterator[object]:
+        (begin,), (undo,), (end,) = (
+            self._statements[name]
+            for name in ("savepoint", "rollback_to_savepoint", "release_savepoint")
+        )
+        self._conn.execute(begin)
+        try:
+            yield self
+        except BaseException:
+            self._conn.execute(undo)
+            raise
+        finally:
+            self._conn.execute(end)
+
+
+class _Rows:
+    """A statement's rows, read already."""
+
+    def __init__(self, rows: list[sqlite3.Row]) -> None:
+        self._rows = rows
+
+    async def fetchall(self) -> list[sqlite3.Row]:
+        return self._rows
+
+    async def fetchone(self) -> sqlite3.Row | None:
+        return self._rows[0] if self._rows else None
+
+
+def _bound(params: Mapping[str, object]) -> dict[str, object]:
+    """Parameters as SQLite takes them: lists and `Json` values as JSON text."""
+    return {
+        name: json.dumps(value.value if isinstance(value, Json) else list(value))
+        if isinstance(value, Json | list | tuple)
+        else value
+        for name, value in params.items()
+    }
+
+
+def drive(steps: Coroutine[Any, Any, T]) -> T:
+    """Run a transaction's steps, which only ever await `Driver` (it never suspends)."""
+    try:
+        steps.send(None)
+    except StopIteration as done:
+        return cast(T, done.value)
+    steps.close()
+    raise StoreError("sqlite store: a transaction step waited on something else than the file")
+
+
+def translated(work: Callable[[], T]) -> T:
+    try:
+        return work()
+    except sqlite3.Error as exc:
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF in _LOCKED:
+            raise StoreError("sqlite store: the database stayed locked past busy_timeout") from exc
+        raise StoreError(f"sqlite store: {exc}") from exc
