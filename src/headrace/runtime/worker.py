@@ -269,11 +269,14 @@ class Worker:
         return not self._backlog
 
     def _claim_coming(self) -> bool:
-        """Whether the loop claims soon and will take the outcomes waiting by then: it was
-        woken (or is claiming, and more may be ready) and may claim."""
+        """Whether outcomes waiting now go with the claim the loop makes soon: it was woken (or
+        is claiming, and more may be ready) and may claim, and other handlers still run. Once
+        none does, the worker has nothing to do but wait for the store: the outcomes are
+        written at once, beside the claim rather than inside it, so the two overlap."""
         return (
             not self._stopping
             and not self._outage
+            and bool(self._running)
             and (self._wake.is_set() or (self._claiming and self._more))
             and self._solo not in self._running
             and self._room()

@@ -12,11 +12,13 @@ import inspect
 import os
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from headrace.policy.errors import ConfigError
 from headrace.runtime.app import App
 from headrace.service.failures import WrongInput, use_store
 from headrace.store.sqlite import path_from_url
+from headrace.store.urls import SQLITE_SCHEME
 
 
 def store_url(db: str) -> str:
@@ -87,7 +89,7 @@ def resolve(db: str | None, target: str | None) -> App:
 def require_existing(app: App) -> App:
     """`app`, refused when its store is an SQLite file that does not exist: a command that only
     reads or changes tasks must not create an empty store where a path was mistyped."""
-    if app.url.startswith("sqlite:"):
+    if urlsplit(app.url).scheme == SQLITE_SCHEME:
         path = path_from_url(app.url).resolve()
         if not path.exists():
             raise WrongInput(

@@ -10,6 +10,8 @@ from headrace.policy.clock import Clock
 from headrace.policy.errors import ConfigError
 from headrace.store.base import Store
 
+MEMORY_SCHEME = "memory"
+SQLITE_SCHEME = "sqlite"
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 # A URL's password, wherever it appears in a text: `scheme://user:password@` or `?password=`.
 _URL_PASSWORD = re.compile(r"\b([a-z][a-z0-9+.-]*://[^\s/@:]*):[^\s/]*@", re.IGNORECASE)
@@ -19,11 +21,11 @@ _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&\s]*", re.IGNORECASE)
 def open_store(url: str, *, clock: Clock | None = None) -> Store:
     """A store for `url`; the store is opened later with `Store.open(settings)`."""
     scheme = urlsplit(url).scheme
-    if scheme == "memory":
+    if scheme == MEMORY_SCHEME:
         from headrace.store.memory import MemoryStore
 
         return MemoryStore(clock)
-    if scheme == "sqlite":
+    if scheme == SQLITE_SCHEME:
         from headrace.store.sqlite import SQLiteStore
 
         return SQLiteStore.from_url(url, clock=clock)
@@ -42,11 +44,11 @@ async def upgrade_schema(url: str) -> tuple[int, int]:
         from headrace.store.postgres import PostgresStore
 
         return await PostgresStore.from_url(url).upgrade()
-    if scheme == "sqlite":
+    if scheme == SQLITE_SCHEME:
         from headrace.store.sqlite import SQLiteStore
 
         return await SQLiteStore.from_url(url).upgrade()
-    if scheme == "memory":
+    if scheme == MEMORY_SCHEME:
         raise ConfigError("store url: memory:// keeps no schema to upgrade")
     raise _unknown(url)
 

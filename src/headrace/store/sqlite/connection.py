@@ -14,10 +14,10 @@ from urllib.parse import unquote, urlsplit
 from headrace.policy.errors import ConfigError, SchemaTooNew, StoreError
 from headrace.store import sql
 from headrace.store.machine import Json
+from headrace.store.urls import SQLITE_SCHEME
 
 T = TypeVar("T")
 
-SCHEME = "sqlite"
 QUERIES = "sqlite/queries.sql"
 MIGRATIONS = "sqlite/migrations"
 # RETURNING (3.35) and json_each; every supported Python ships a newer SQLite.
@@ -34,7 +34,7 @@ def path_from_url(url: str) -> Path:
     """The file a `sqlite:///relative/path.db` or `sqlite:////absolute/path.db` URL names."""
     parts = urlsplit(url)
     path = unquote(parts.path[1:]) if parts.path.startswith("/") else ""
-    if parts.scheme != SCHEME or parts.netloc or parts.query or parts.fragment or not path:
+    if parts.scheme != SQLITE_SCHEME or parts.netloc or parts.query or parts.fragment or not path:
         raise ConfigError(
             "store url: expected sqlite:///relative/path.db or sqlite:////absolute/path.db, "
             f"got {url!r}"
