@@ -1,0 +1,173 @@
+"""The media store: uploaded files and their derivatives under one data directory.
+
+Nothing a client sends becomes a path. An original is kept under its content's SHA-256
+(`blobs/ab/abcdef…`), written to a temporary file first and renamed into place once whole, so a
+reader never sees half a file and the same bytes are kept once. A media item is named by a
+media id the store draws (32 hex digits), never by a file name; a task carries that id.
+
+Derivatives (previews, thumbnails, posters, waveforms, metadata) live under
+`derived/<media id>/<stage>.v<version>/`. A stage writes them into a directory of its own
+beside the others and renames it into place: the first attempt to finish wins, and a retry, or a
+second worker after a crash, finds the directory there and reuses it. So there is exactly one
+set of derivatives per (media id, stage version), whatever happened before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import secrets
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from headrace.policy.errors import ConfigError
+
+CHUNK = 1 << 20
+_MEDIA_ID = re.compile(r"[0-9a-f]{32}")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+_STAGE = re.compile(r"[a-z][a-z0-9_]{0,31}")
+_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+
+
+class TooLarge(Exception):
+    """An upload went past its size limit; nothing of it was kept."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"upload larger than {limit} bytes")
+        self.limit = limit
+
+
+@dataclass(frozen=True)
+class Blob:
+    """An original as kept: its content's SHA-256 and size."""
+
+    digest: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Derived:
+    """The derivatives of one (media id, stage version): `created` is False when an earlier
+    attempt had already made them (they are reused, not made again)."""
+
+    path: Path
+    created: bool
+
+    def file(self, name: str) -> Path:
+        return self.path / check_name(name)
+
+
+class MediaStore:
+    """Files of a moderation pipeline under `root`."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    # -- originals
+
+    def put(self, source: BinaryIO, *, limit: int) -> Blob:
+        """Keep what `source` holds (read to its end, at most `limit` bytes: TooLarge past it,
+        with nothing kept)."""
+        digest = hashlib.sha256()
+        size = 0
+        with self._temporary_file() as (handle, temporary):
+            while chunk := source.read(CHUNK):
+                size += len(chunk)
+                if size > limit:
+                    raise TooLarge(limit)
+                digest.update(chunk)
+                handle.write(chunk)
+            handle.flush()
+            os.fsync(handle.fileno())
+            blob = Blob(digest.hexdigest(), size)
+            target = self.blob_path(blob.digest)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(temporary, target)  # the same bytes twice: one file
+        return blob
+
+    def put_bytes(self, data: bytes, *, limit: int) -> Blob:
+        from io import BytesIO
+
+        return self.put(BytesIO(data), limit=limit)
+
+    def blob_path(self, digest: str) -> Path:
+        if not _DIGEST.fullmatch(digest):
+            raise ConfigError(f"media digest: expected 64 hex digits, got {digest!r}")
+        return self.root / "blobs" / digest[:2] / digest
+
+    def has_blob(self, digest: str) -> bool:
+        return self.blob_path(digest).is_file()
+
+    # -- media ids and derivatives
+
+    @staticmethod
+    def new_media_id() -> str:
+        return secrets.token_hex(16)
+
+    def derived(self, media_id: str, stage: str, version: int) -> Derived | None:
+        """The derivatives (media id, stage version) has, or None."""
+        path = self._derived_path(media_id, stage, version)
+        return Derived(path, created=False) if path.is_dir() else None
+
+    @contextlib.contextmanager
+    def deriving(self, media_id: str, stage: str, version: int) -> Iterator[Derived]:
+        """Where to write (media id, stage version)'s derivatives: a fresh directory, renamed
+        into place when the block ends without an error. When they exist already (an earlier
+        attempt made them) the block gets those, with `created` False, and should reuse them.
+        An error in the block leaves nothing behind."""
+        final = self._derived_path(media_id, stage, version)
+        if final.is_dir():
+            yield Derived(final, created=False)
+            return
+        final.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+        try:
+            yield Derived(work, created=True)
+            for written in work.iterdir():
+                with written.open("rb") as handle:
+                    os.fsync(handle.fileno())
+            try:
+                os.rename(work, final)  # fails when another attempt got there first
+            except OSError:
+                if not final.is_dir():
+                    raise
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def _derived_path(self, media_id: str, stage: str, version: int) -> Path:
+        if not _STAGE.fullmatch(stage):
+            raise ConfigError(f"derivative stage: expected a short lower-case name, got {stage!r}")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise ConfigError(f"derivative version: expected a positive integer, got {version!r}")
+        return self.root / "derived" / check_media_id(media_id) / f"{stage}.v{version}"
+
+    @contextlib.contextmanager
+    def _temporary_file(self) -> Iterator[tuple[BinaryIO, Path]]:
+        spool = self.root / "tmp"
+        spool.mkdir(parents=True, exist_ok=True)
+        descriptor, name = tempfile.mkstemp(dir=spool, prefix="upload.")
+        path = Path(name)
+        try:
+            with os.fdopen(descriptor, "wb") as handle:
+                yield handle, path
+        finally:
+            path.unlink(missing_ok=True)
+
+
+def check_media_id(media_id: str) -> str:
+    if not isinstance(media_id, str) or not _MEDIA_ID.fullmatch(media_id):
+        raise ConfigError(f"media id: expected 32 hex digits, got {media_id!r}")
+    return media_id
+
+
+def check_name(name: str) -> str:
+    """A derivative's file name: chosen by the stage, never by a client."""
+    if not _NAME.fullmatch(name) or ".." in name:
+        raise ConfigError(f"derivative name: expected a short lower-case file name, got {name!r}")
+    return name

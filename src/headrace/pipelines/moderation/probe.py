@@ -1,0 +1,241 @@
+"""What a file is, from its content alone, and whether it is within its class's limits.
+
+Never the extension, never the type a client declared: Pillow identifies images by their
+signature, PyAV (FFmpeg) identifies audio and video by probing their streams. An image's size is
+checked from its header before a pixel is decoded, so a decompression bomb (a small file that
+decodes to gigabytes) is refused unopened; then the whole file is decoded, so a truncated or
+corrupt one is found here and not in a later stage. Every refusal is a `Refused` with a safe
+code (`media.corrupt`, `media.too_large`, `media.unsupported`) and a message that names no
+path and quotes no content.
+"""
+
+from __future__ import annotations
+
+import enum
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import av
+import av.error
+from PIL import Image, UnidentifiedImageError
+
+CORRUPT = "media.corrupt"
+TOO_LARGE = "media.too_large"
+UNSUPPORTED = "media.unsupported"
+
+
+class MediaClass(enum.Enum):
+    """The cost class a media item is scheduled in."""
+
+    IMAGE = "image"
+    AUDIO = "audio"
+    VIDEO = "video"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one class may be: bytes, pixels per image or frame, seconds."""
+
+    max_bytes: int
+    max_pixels: int = 0  # 0: no pixels (audio)
+    max_side: int = 0
+    max_seconds: float = 0.0  # 0: no duration (images)
+
+
+DEFAULT_LIMITS = {
+    MediaClass.IMAGE: Limits(max_bytes=40 << 20, max_pixels=50_000_000, max_side=12_000),
+    MediaClass.AUDIO: Limits(max_bytes=100 << 20, max_seconds=30 * 60.0),
+    MediaClass.VIDEO: Limits(
+        max_bytes=1 << 30, max_pixels=3840 * 2160, max_side=4096, max_seconds=15 * 60.0
+    ),
+}
+
+# Decoded audio or video must cover this share of the duration its header declares (less a
+# little, for encoders' padding): less is a file cut short.
+COMPLETE = 0.9
+SLACK = 0.1
+# Formats taken, by the name Pillow or FFmpeg gives them.
+IMAGE_FORMATS = {"JPEG": "jpeg", "PNG": "png", "WEBP": "webp", "GIF": "gif"}
+CONTAINERS = {  # FFmpeg's demuxer names
+    "mov,mp4,m4a,3gp,3g2,mj2": "mp4",
+    "matroska,webm": "webm",
+    "wav": "wav",
+    "mp3": "mp3",
+    "ogg": "ogg",
+    "flac": "flac",
+    "aac": "aac",
+}
+
+
+class Refused(Exception):
+    """A file the pipeline does not take: `code` is safe to show and to log."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Probed:
+    """What a file turned out to be."""
+
+    media_class: MediaClass
+    format: str  # jpeg, png, webp, gif, mp4, webm, wav, mp3, ogg, flac, aac
+    size: int
+    width: int = 0
+    height: int = 0
+    seconds: float = 0.0
+    codecs: tuple[str, ...] = field(default=())
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "class": self.media_class.value,
+            "format": self.format,
+            "size": self.size,
+            "width": self.width,
+            "height": self.height,
+            "seconds": round(self.seconds, 3),
+            "codecs": list(self.codecs),
+        }
+
+
+def probe(path: Path, limits: dict[MediaClass, Limits] | None = None) -> Probed:
+    """Identify `path` from its content and check it against its class's limits; Refused when
+    it is not media this pipeline takes, too large, or does not decode to its end."""
+    limits = limits or DEFAULT_LIMITS
+    size = path.stat().st_size
+    if size == 0:
+        raise Refused(CORRUPT, "the file is empty")
+    image = _probe_image(path, size, limits[MediaClass.IMAGE])
+    if image is not None:
+        return image
+    return _probe_stream(path, size, limits)
+
+
+def _probe_image(path: Path, size: int, limits: Limits) -> Probed | None:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                kind = IMAGE_FORMATS.get(image.format or "")
+                if kind is None:
+                    raise Refused(UNSUPPORTED, f"{image.format} images are not taken")
+                width, height = image.size
+                _check_pixels(width, height, limits, "image")
+                if size > limits.max_bytes:
+                    raise Refused(TOO_LARGE, f"{size} bytes, more than {limits.max_bytes}")
+                image.load()  # every pixel decoded: a truncated file fails here
+    except UnidentifiedImageError:
+        return None  # not an image Pillow knows: perhaps audio or video
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
+        raise Refused(TOO_LARGE, "the image decodes to too many pixels") from error
+    except (OSError, SyntaxError, ValueError) as error:
+        raise Refused(CORRUPT, "the image does not decode to its end") from error
+    return Probed(MediaClass.IMAGE, kind, size, width, height)
+
+
+def _probe_stream(path: Path, size: int, limits: dict[MediaClass, Limits]) -> Probed:
+    try:
+        container = av.open(str(path), "r")
+    except (av.error.FFmpegError, OSError, UnicodeDecodeError) as error:
+        if _looks_like_media(path):  # a format's signature, and nothing to read: broken
+            raise Refused(CORRUPT, "the file starts as media, but does not open") from error
+        raise Refused(
+            UNSUPPORTED, "neither an image nor audio or video this pipeline takes"
+        ) from error
+    with container:
+        kind = CONTAINERS.get(container.format.name)
+        video = next(iter(container.streams.video), None)
+        audio = next(iter(container.streams.audio), None)
+        if kind is None or (video is None and audio is None):
+            raise Refused(UNSUPPORTED, "neither an image nor audio or video this pipeline takes")
+        media_class = MediaClass.VIDEO if video is not None else MediaClass.AUDIO
+        class_limits = limits[media_class]
+        if size > class_limits.max_bytes:
+            raise Refused(TOO_LARGE, f"{size} bytes, more than {class_limits.max_bytes}")
+        width = height = 0
+        if video is not None:
+            width, height = video.codec_context.width, video.codec_context.height
+            _check_pixels(width, height, class_limits, "video frame")
+        seconds = _seconds(container)
+        if seconds > class_limits.max_seconds:
+            raise Refused(
+                TOO_LARGE, f"{seconds:.0f} s long, more than {class_limits.max_seconds:.0f}"
+            )
+        codecs = tuple(s.codec_context.name for s in (video, audio) if s is not None)
+        decoded = _decode_all(container, media_class)
+    if decoded <= 0:
+        raise Refused(CORRUPT, f"no {media_class.value} decodes from the file")
+    if seconds > 0 and decoded < seconds * COMPLETE - SLACK:
+        raise Refused(
+            CORRUPT, f"the {media_class.value} ends after {decoded:.1f} of {seconds:.1f} s"
+        )
+    return Probed(media_class, kind, size, width, height, seconds, codecs)
+
+
+def _check_pixels(width: int, height: int, limits: Limits, what: str) -> None:
+    if width <= 0 or height <= 0:
+        raise Refused(CORRUPT, f"the {what} has no size")
+    if width * height > limits.max_pixels or max(width, height) > limits.max_side:
+        raise Refused(TOO_LARGE, f"the {what} is {width}x{height}, more than allowed")
+
+
+def _seconds(container: av.container.InputContainer) -> float:
+    if container.duration is not None:
+        return container.duration / av.time_base
+    longest = 0.0
+    for stream in container.streams:
+        if stream.duration is not None and stream.time_base is not None:
+            longest = max(longest, float(stream.duration * stream.time_base))
+    return longest
+
+
+def _decode_all(container: av.container.InputContainer, media_class: MediaClass) -> float:
+    """Decode every frame of the class's main stream; return the seconds it covers (to the end
+    of its last frame). Broken data raises Refused."""
+    streams = (
+        container.streams.video if media_class is MediaClass.VIDEO else container.streams.audio
+    )
+    stream = streams[0]
+    if isinstance(stream, av.video.stream.VideoStream):
+        stream.thread_type = "AUTO"
+    covered = 0.0
+    try:
+        for packet in container.demux(stream):
+            if packet.size and packet.is_corrupt:
+                raise Refused(CORRUPT, f"the {media_class.value} stream is corrupt")
+            for frame in packet.decode():
+                if isinstance(frame, av.AudioFrame | av.VideoFrame):
+                    covered = max(covered, _frame_end(frame, stream))
+    except av.error.FFmpegError as error:
+        raise Refused(CORRUPT, f"the {media_class.value} stream does not decode") from error
+    return covered
+
+
+def _frame_end(frame: av.AudioFrame | av.VideoFrame, stream: av.stream.Stream) -> float:
+    """When `frame` ends, in seconds from the stream's start."""
+    base = frame.time_base or stream.time_base
+    start = float(frame.pts * base) if frame.pts is not None and base is not None else 0.0
+    if isinstance(frame, av.AudioFrame):
+        return start + frame.samples / (frame.sample_rate or 1)
+    rate = stream.average_rate or stream.guessed_rate
+    return start + (1 / float(rate) if rate else 0.0)
+
+
+def _looks_like_media(path: Path) -> bool:
+    """Whether the file starts with the signature of a format taken (content, not name)."""
+    with path.open("rb") as handle:
+        head = handle.read(16)
+    return (
+        head[:3] == b"\xff\xd8\xff"  # JPEG
+        or head[:8] == b"\x89PNG\r\n\x1a\n"
+        or head[:4] == b"GIF8"
+        or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")
+        or head[4:8] == b"ftyp"  # MP4 / MOV
+        or (head[:4] == b"RIFF" and head[8:12] == b"WAVE")
+        or head[:3] == b"ID3"  # MP3 with tags
+        or (len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0)  # MPEG audio frame
+        or head[:4] in (b"OggS", b"fLaC", b"\x1aE\xdf\xa3")  # Ogg, FLAC, Matroska/WebM
+    )

@@ -1,0 +1,198 @@
+"""Sample media made on the spot, so the demo and the tests need nothing from outside: photos
+(JPEG with a GPS position in its EXIF, PNG, WebP), audio (WAV, MP3), short videos (MP4, H.264
+and AAC), and the files a moderation pipeline must refuse: a truncated JPEG, a PNG that
+decompresses to 400 million pixels, a file whose name says one type and whose content is
+another, and the EICAR test file antivirus scanners detect by agreement.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import struct
+import wave
+import zlib
+from array import array
+from fractions import Fraction
+from pathlib import Path
+
+import av
+from PIL import Image
+
+# The EICAR anti-malware test file: harmless, and detected as a virus by every scanner. Kept in
+# two halves so this source file is not itself reported.
+EICAR = b"X5O!P%@AP[4\\PZX54(P^)7CC)7}$" + b"EICAR-STANDARD-ANTIVIRUS-TEST-FILE!$H+H*"
+# EXIF tag numbers: the GPS directory, latitude reference and latitude.
+GPS_IFD = 0x8825
+GPS_LATITUDE_REF = 1
+GPS_LATITUDE = 2
+
+
+def photo(width: int = 640, height: int = 480, *, shade: int = 0) -> Image.Image:
+    """A gradient with a few bands: something a preview visibly shrinks."""
+    image = Image.new("RGB", (width, height))
+    pixels = [
+        ((x * 255) // max(1, width - 1), (y * 255) // max(1, height - 1), (shade + x + y) % 256)
+        for y in range(0, height, max(1, height // 64))
+        for x in range(0, width, max(1, width // 64))
+    ]
+    small = Image.new("RGB", (len(range(0, width, max(1, width // 64))), len(pixels) // 64 or 1))
+    small.putdata(pixels[: small.width * small.height])
+    image.paste(small.resize((width, height)))
+    return image
+
+
+def jpeg(width: int = 640, height: int = 480, *, gps: bool = True, shade: int = 0) -> bytes:
+    """A JPEG photo; with `gps`, its EXIF says where it was taken (as phones write it)."""
+    image = photo(width, height, shade=shade)
+    exif = Image.Exif()
+    exif[0x010F] = "headrace samples"  # Make
+    if gps:
+        exif.get_ifd(GPS_IFD).update(
+            {GPS_LATITUDE_REF: "N", GPS_LATITUDE: (48.0, 51.0, 24.0), 3: "E", 4: (2.0, 21.0, 7.0)}
+        )
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality=85, exif=exif)
+    return out.getvalue()
+
+
+def png(width: int = 320, height: int = 240) -> bytes:
+    out = io.BytesIO()
+    photo(width, height, shade=60).save(out, "PNG")
+    return out.getvalue()
+
+
+def webp(width: int = 320, height: int = 240) -> bytes:
+    out = io.BytesIO()
+    photo(width, height, shade=120).save(out, "WEBP", quality=80)
+    return out.getvalue()
+
+
+def wav(seconds: float = 1.0, *, rate: int = 16_000, pitch: float = 440.0) -> bytes:
+    """A sine tone, 16-bit mono."""
+    frames = int(seconds * rate)
+    samples = b"".join(
+        struct.pack("<h", int(12_000 * math.sin(2 * math.pi * pitch * i / rate)))
+        for i in range(frames)
+    )
+    out = io.BytesIO()
+    with wave.open(out, "wb") as sound:
+        sound.setnchannels(1)
+        sound.setsampwidth(2)
+        sound.setframerate(rate)
+        sound.writeframes(samples)
+    return out.getvalue()
+
+
+def mp3(seconds: float = 1.0, *, rate: int = 44_100) -> bytes:
+    return _audio("mp3", "libmp3lame", seconds, rate)
+
+
+def mp4(seconds: float = 1.0, width: int = 320, height: int = 240, *, fps: int = 12) -> bytes:
+    """A short H.264 video with an AAC sound track, in an MP4 container."""
+    out = io.BytesIO()
+    with av.open(out, "w", format="mp4") as container:
+        video = container.add_stream("libx264", rate=fps)
+        video.width, video.height, video.pix_fmt = width, height, "yuv420p"
+        video.options = {"preset": "ultrafast"}
+        audio = container.add_stream("aac", rate=22_050)
+        frames = max(1, int(seconds * fps))
+        for n in range(frames):
+            frame = av.VideoFrame.from_image(photo(width, height, shade=n * 8))  # type: ignore[no-untyped-call]
+            for packet in video.encode(frame):
+                container.mux(packet)
+        for packet in video.encode():
+            container.mux(packet)
+        _write_tone(container, audio, seconds, 22_050)
+    return out.getvalue()
+
+
+def truncated_jpeg() -> bytes:
+    """A JPEG cut off halfway, as an interrupted upload leaves it."""
+    whole = jpeg(gps=False)
+    return whole[: len(whole) // 2]
+
+
+def png_bomb(side: int = 20_000) -> bytes:
+    """A valid PNG of side x side black pixels (400 million by default): a few hundred
+    kilobytes that would take gigabytes to decode. Written row by row, never held whole."""
+    compressor = zlib.compressobj(1)
+    row = b"\x00" * (side + 1)  # filter byte, then one byte per grey pixel
+    chunks = [compressor.compress(row) for _ in range(side)]
+    data = b"".join(chunks) + compressor.flush()
+    header = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _chunk(b"IHDR", header)
+        + _chunk(b"IDAT", data)
+        + _chunk(b"IEND", b"")
+    )
+
+
+def eicar() -> bytes:
+    return EICAR
+
+
+def write_all(directory: Path) -> dict[str, Path]:
+    """Every sample, written into `directory` under a name that says what it is (the one whose
+    extension lies is named so)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    samples = {
+        "photo.jpg": jpeg(),
+        "graphic.png": png(),
+        "sticker.webp": webp(),
+        "voice.wav": wav(),
+        "song.mp3": mp3(),
+        "clip.mp4": mp4(),
+        "truncated.jpg": truncated_jpeg(),
+        "bomb.png": png_bomb(),
+        "lying-extension.jpg": wav(0.5),
+        "eicar.txt": eicar(),
+    }
+    written = {}
+    for name, data in samples.items():
+        path = directory / name
+        path.write_bytes(data)
+        written[name] = path
+    return written
+
+
+def _audio(container_format: str, codec: str, seconds: float, rate: int) -> bytes:
+    out = io.BytesIO()
+    with av.open(out, "w", format=container_format) as container:
+        stream = container.add_stream(codec, rate=rate)
+        assert isinstance(stream, av.audio.stream.AudioStream)
+        _write_tone(container, stream, seconds, rate)
+    return out.getvalue()
+
+
+def _write_tone(
+    container: av.container.OutputContainer,
+    stream: av.audio.stream.AudioStream,
+    seconds: float,
+    rate: int,
+) -> None:
+    """A 330 Hz tone, mono, as planar floats (what the AAC and MP3 encoders take)."""
+    size = stream.codec_context.frame_size or 1024
+    total = int(seconds * rate)
+    pts = 0
+    while pts < total:
+        n = min(size, total - pts)
+        tone = array(
+            "f", (0.3 * math.sin(2 * math.pi * 330.0 * i / rate) for i in range(pts, pts + n))
+        )
+        frame = av.AudioFrame(format="fltp", layout="mono", samples=n)
+        frame.planes[0].update(tone.tobytes())
+        frame.sample_rate = rate
+        frame.pts = pts
+        frame.time_base = Fraction(1, rate)
+        for packet in stream.encode(frame):
+            container.mux(packet)
+        pts += n
+    for packet in stream.encode():
+        container.mux(packet)
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
