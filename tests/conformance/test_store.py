@@ -27,6 +27,7 @@ from headrace.store.types import (
     AttemptOutcome,
     AwaitRemote,
     Dead,
+    KindLimit,
     Lease,
     NewTask,
     PollAgain,
@@ -1093,6 +1094,22 @@ async def test_a_claim_records_the_outcomes_it_carries_first(
     }
     [attempt] = await store.attempts(a.task_id)
     assert attempt.outcome is AttemptOutcome.SUCCEEDED
+
+
+async def test_a_claim_takes_no_more_of_a_group_of_kinds_than_its_limit(store: Store) -> None:
+    await store.submit([task(f"v{i}", kind="video") for i in range(4)])
+    await store.submit([task(f"a{i}", kind="audio") for i in range(2)])
+    await store.submit([task(f"i{i}", kind="image") for i in range(4)])
+    heavy = KindLimit(frozenset({"video", "audio"}), 2)
+    first = await store.claim("w1", 10, lease_for=LEASE, within=[heavy])
+    # The two oldest heavy tasks, then the images behind the rest: none waits on a full group.
+    assert refs(list(first.leases)) == ["v0", "v1", "i0", "i1", "i2", "i3"]
+    # What was passed over stays ready, in its place.
+    second = await store.claim("w1", 10, lease_for=LEASE, kinds=["video", "audio"], within=[heavy])
+    assert refs(list(second.leases)) == ["v2", "v3"]
+    none = await store.claim("w1", 10, lease_for=LEASE, within=[KindLimit(frozenset({"audio"}), 0)])
+    assert refs(list(none.leases)) == []
+    assert refs(await claim(store)) == ["a0", "a1"]
 
 
 async def test_a_retry_that_ages_while_it_waits_is_claimed_once(

@@ -167,3 +167,30 @@ def test_a_bad_app_is_named(how: list[str], target: str, named: str, tmp_path: P
 def test_a_bad_app_from_the_environment_is_named() -> None:
     line = failure_line(headrace("worker", env={"HEADRACE_APP": "json:nothing"}))
     assert "json:nothing" in line
+
+
+@pytest.mark.parametrize("given", ["video", "video=0", "video=two", "=2"])
+def test_a_bad_cost_class_option_is_named(given: str, tmp_path: Path) -> None:
+    line = failure_line(headrace("worker", APP, "--db", str(tmp_path / "s.db"), "--class", given))
+    assert "--class" in line and repr(given) in line
+
+
+def test_a_worker_without_slots_for_a_stage_class_is_named(tmp_path: Path) -> None:
+    app = tmp_path / "classed_app.py"
+    app.write_text(
+        "import headrace as hr\n"
+        "app = hr.App('memory://')\n"
+        "@app.task(cost_class='video')\n"
+        "async def render(ctx, ref):\n"
+        "    return None\n"
+    )
+    line = failure_line(
+        headrace(
+            "worker",
+            "classed_app:app",
+            "--class",
+            "image=2",
+            env={"PYTHONPATH": str(tmp_path)},
+        )
+    )
+    assert "task render: cost class 'video' has no slots" in line

@@ -13,7 +13,14 @@ import headrace as hr
 from headrace.policy.errors import StoreUnavailable
 from headrace.policy.gate import default_guard
 from headrace.store.memory import MemoryStore
-from headrace.store.types import AttemptOutcome, ClaimResult, Lease, Outcome, TaskState
+from headrace.store.types import (
+    AttemptOutcome,
+    ClaimResult,
+    KindLimit,
+    Lease,
+    Outcome,
+    TaskState,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -503,10 +510,17 @@ class CountedClaims(MemoryStore):
         kinds: Collection[str] | None = None,
         alone: bool = True,
         finished: Sequence[tuple[Lease, Outcome]] = (),
+        within: Sequence[KindLimit] = (),
     ) -> ClaimResult:
         self.with_claims += len(finished)
         return await super().claim(
-            worker, limit, lease_for=lease_for, kinds=kinds, alone=alone, finished=finished
+            worker,
+            limit,
+            lease_for=lease_for,
+            kinds=kinds,
+            alone=alone,
+            finished=finished,
+            within=within,
         )
 
     async def finish_many(self, outcomes: Sequence[tuple[Lease, Outcome]]) -> Any:

@@ -19,6 +19,7 @@ from headrace.policy.gate import GateConfig
 from headrace.policy.rate import Rate
 from headrace.policy.retry import RetryPolicy
 from headrace.policy.tiers import Tier
+from headrace.runtime.classes import check_class_name
 from headrace.runtime.context import Context
 from headrace.runtime.results import Pending, RemoteWait, Result
 from headrace.store.base import Store
@@ -44,6 +45,7 @@ class TaskOptions:
     on_full: OnFull = "wait"
     cost: float = 1.0
     timeout: float | None = None  # seconds an attempt (or a remote check) may take
+    cost_class: str | None = None  # the worker slots it runs in (runtime/classes.py)
 
 
 def _check_gate_list(gates: Sequence[str]) -> None:
@@ -207,6 +209,7 @@ class App:
         poll: Poller | None = None,
         cancel: Canceller | None = None,
         timeout: Duration | None = None,
+        cost_class: str | None = None,
     ) -> Callable[[Handler], TaskDefinition]: ...
 
     def task(
@@ -225,10 +228,12 @@ class App:
         poll: Poller | None = None,
         cancel: Canceller | None = None,
         timeout: Duration | None = None,
+        cost_class: str | None = None,
     ) -> TaskDefinition | Callable[[Handler], TaskDefinition]:
         """Declare a stage: `@app.task` or `@app.task(gates=[...], ...)`. `bound` caps its
         pending+ready tasks for producers; `poll` checks its remote jobs and `cancel` stops one
-        that outlived its timeout; `timeout` limits each attempt (else the worker's default)."""
+        that outlived its timeout; `timeout` limits each attempt (else the worker's default);
+        `cost_class` names the worker slots it runs in (`Worker(classes=...)`)."""
         _check_gate_list(gates)
         policy = retry or RetryPolicy()
         if max_attempts is not None:
@@ -238,8 +243,17 @@ class App:
         if on_full not in ("wait", "refuse"):
             raise ConfigError(f"task.on_full: expected 'wait' or 'refuse', got {on_full!r}")
         limit = None if timeout is None else positive_seconds(timeout, field="task.timeout")
+        if cost_class is not None:
+            check_class_name(cost_class, field="task.cost_class")
         options = TaskOptions(
-            tuple(gates), policy, Tier.parse(tier), bound, on_full, cost, timeout=limit
+            tuple(gates),
+            policy,
+            Tier.parse(tier),
+            bound,
+            on_full,
+            cost,
+            timeout=limit,
+            cost_class=cost_class,
         )
 
         def register(fn: Handler) -> TaskDefinition:
@@ -253,6 +267,14 @@ class App:
             return definition
 
         return register(handler) if handler is not None else register
+
+    def cost_classes(self) -> dict[str, str]:
+        """Each classed stage's cost class, by stage name."""
+        return {
+            kind: definition.options.cost_class
+            for kind, definition in self.definitions.items()
+            if definition.options.cost_class is not None
+        }
 
     def definition(self, kind: str) -> TaskDefinition:
         try:

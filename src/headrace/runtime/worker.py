@@ -22,7 +22,7 @@ import socket
 import traceback
 import uuid
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,7 @@ from headrace.policy.retry import Action
 from headrace.runtime import outcomes, remote
 from headrace.runtime.app import App, TaskDefinition
 from headrace.runtime.calls import call
+from headrace.runtime.classes import ClassBudget
 from headrace.runtime.completions import Completions
 from headrace.runtime.context import Context
 from headrace.runtime.results import RemoteWait, Result
@@ -65,6 +66,7 @@ MIN_SLEEP = 0.001
 OUTAGE_PAUSE = 0.25
 OUTAGE_PAUSE_MAX = 5.0
 BACKOFFS_KEPT = 64  # never spin when the store's next event is "now"
+DEFAULT_SLOTS = 4
 
 
 @dataclass
@@ -90,7 +92,7 @@ class Worker:
         self,
         app: App,
         *,
-        slots: int = 4,
+        slots: int | None = None,
         poll_slots: int | None = None,
         name: str | None = None,
         lease: Duration = "30s",
@@ -99,12 +101,15 @@ class Worker:
         grace: Duration = "30s",
         timeout: Duration | None = None,
         seed: int | None = None,
+        classes: Mapping[str, int] | None = None,
     ) -> None:
-        if isinstance(slots, bool) or slots < 1:
+        if slots is not None and (isinstance(slots, bool) or slots < 1):
             raise ConfigError(f"worker.slots: expected a positive integer, got {slots!r}")
         self.app = app
-        self.slots = slots
-        self.poll_slots = poll_slots or slots
+        # Slots per cost class, for the app's classed stages (as declared by now).
+        self.classes = ClassBudget.for_stages(app.cost_classes(), classes)
+        self.slots = slots or self._default_slots()
+        self.poll_slots = poll_slots or self.slots
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.lease_for, self.renew_every = lease_timing(lease, renew)
         self.idle = positive_seconds(idle, field="worker.idle")
@@ -212,11 +217,17 @@ class Worker:
         # commit), but no more than `slots` outcomes wait to be written at once. The claim
         # for freed slots records the outcomes waiting by then, in its own transaction.
         completions = self._completions()
-        if self._may_claim():
+        room = self.classes.room(self._running_kinds()) if self.classes else {}
+        if self.classes:
+            kinds = self.classes.open_kinds(kinds, room)
+        if kinds and self._may_claim():
             free = self.slots - len(self._running)
-            claimed = await self._claim(completions, free, kinds)
-            # Every free slot filled: more may be ready, to claim as soon as a slot frees.
-            self._more = len(claimed.leases) >= free
+            claimed = await self._claim(completions, free, kinds, room)
+            # Every free slot filled (or every free one of a class): more may be ready, to
+            # claim as soon as a slot frees.
+            self._more = len(claimed.leases) >= free or bool(
+                self.classes and self.classes.filled((x.task.kind for x in claimed.leases), room)
+            )
             for lease in claimed.leases:
                 if lease.task.solo:  # it lost a lease beside others: it runs alone here
                     self._solo = lease.task_id
@@ -232,7 +243,9 @@ class Worker:
         wake_at = earliest(claimed.wake_at if claimed else None, self._poll_due)
         return wake_at, polls.now if polls else now
 
-    async def _claim(self, completions: Completions, free: int, kinds: list[str]) -> ClaimResult:
+    async def _claim(
+        self, completions: Completions, free: int, kinds: list[str], room: Mapping[str, int]
+    ) -> ClaimResult:
         taken = completions.take()
         self._claiming = True
         try:
@@ -243,6 +256,7 @@ class Worker:
                 kinds=kinds,
                 alone=not self._running,
                 finished=taken.outcomes,
+                within=self.classes.limits(room) if self.classes else (),
             )
         except Exception as error:  # none of the outcomes was recorded: their writers retry
             taken.fail(error)
@@ -254,6 +268,17 @@ class Worker:
             self._claiming = False
         taken.settle(claimed.finished)
         return claimed
+
+    def _default_slots(self) -> int:
+        """Without `slots`: 4, or with cost classes their slots, and 4 more for the app's
+        unclassed stages if it has any."""
+        if self.classes is None:
+            return DEFAULT_SLOTS
+        unclassed = any(kind not in self.classes.classes_of for kind in self.app.definitions)
+        return self.classes.total + (DEFAULT_SLOTS if unclassed else 0)
+
+    def _running_kinds(self) -> list[str]:
+        return [self._leases[i].task.kind for i in self._running if i in self._leases]
 
     def _may_claim(self) -> bool:
         if self._solo in self._running:

@@ -135,7 +135,19 @@ def demo(
 @main.command()
 @click.argument("target", required=False, metavar="[MODULE:ATTR]")
 @store_options
-@click.option("--slots", default=4, show_default=True, type=click.IntRange(1, 1024))
+@click.option(
+    "--slots",
+    type=click.IntRange(1, 1024),
+    help="Handlers at once [default: 4, or the cost classes' slots and 4 more].",
+)
+@click.option(
+    "--class",
+    "classes",
+    multiple=True,
+    metavar="NAME=SLOTS",
+    help="Slots of a cost class, e.g. --class video=2 (default: image=6 audio=2 video=2 when "
+    "the app's stages name classes).",
+)
 @click.option("--lease", default="30s", show_default=True)
 @click.option("--idle", default="0.5s", show_default=True, help="Longest sleep between claims.")
 @click.option("--grace", default="30s", show_default=True, help="Shutdown wait for handlers.")
@@ -147,7 +159,8 @@ def worker(
     target: str | None,
     db: str | None,
     app_target: str | None,
-    slots: int,
+    slots: int | None,
+    classes: tuple[str, ...],
     lease: str,
     idle: str,
     grace: str,
@@ -156,10 +169,12 @@ def worker(
 ) -> None:
     """Run a worker for the app at MODULE:ATTR (or --app) until SIGINT or SIGTERM."""
     target = _one_target(ctx, target, app_target)
+    budget = _class_slots(classes)
     app = resolve(db, target)
     runner = Worker(
         app,
         slots=slots,
+        classes=budget,
         name=name,
         lease=_duration(lease, "--lease"),
         idle=_duration(idle, "--idle"),
@@ -167,6 +182,21 @@ def worker(
         timeout=None if timeout is None else _duration(timeout, "--timeout"),
     )
     asyncio.run(_serve(runner, target))
+
+
+def _class_slots(given: tuple[str, ...]) -> dict[str, int] | None:
+    """`--class NAME=SLOTS` options as a budget (None: none given)."""
+    if not given:
+        return None
+    budget: dict[str, int] = {}
+    for item in given:
+        name, _, count = item.partition("=")
+        if not name or not count.isdigit() or int(count) < 1 or name in budget:
+            raise WrongInput(
+                f"--class: expected NAME=SLOTS once per class, with SLOTS >= 1, got {item!r}"
+            )
+        budget[name] = int(count)
+    return budget
 
 
 def _one_target(ctx: click.Context, target: str | None, app_target: str | None) -> str:

@@ -57,12 +57,17 @@ def worker_started(worker: Worker, target: str | None) -> None:
     """Say who the worker is, in one INFO line: its name, store, app, slots, lease and gates."""
     app = worker.app
     gates = ", ".join(describe_gate(config) for config in app.gates.values()) or "none"
+    classes = ""
+    if worker.classes is not None:
+        slots = (f"{name} {count}" for name, count in worker.classes.slots.items())
+        classes = f" ({', '.join(slots)})"
     logging.getLogger("headrace.worker").info(
-        "worker %s started: store %s, app %s, %d slots, lease %gs, gates: %s",
+        "worker %s started: store %s, app %s, %d slots%s, lease %gs, gates: %s",
         worker.name,
         hide_passwords(app.url),
         target or "-",
         worker.slots,
+        classes,
         worker.lease_for,
         gates,
     )

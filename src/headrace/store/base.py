@@ -15,6 +15,7 @@ from headrace.store.types import (
     Attempt,
     ClaimResult,
     GroupReport,
+    KindLimit,
     Lease,
     NewTask,
     Outcome,
@@ -62,6 +63,7 @@ class Store(Protocol):
         kinds: Collection[str] | None = None,
         alone: bool = True,
         finished: Sequence[tuple[Lease, Outcome]] = (),
+        within: Sequence[KindLimit] = (),
     ) -> ClaimResult:
         """Lease up to `limit` ready tasks in (tier, tag) order whose gates all admit them;
         a refusing gate skips only its task. A task that must run alone (`solo`) is leased only
@@ -71,7 +73,10 @@ class Store(Protocol):
 
         `finished`: outcomes recorded first, in the same transaction, as by `finish_many` (a
         worker hands in the outcomes of the slots it fills again); their results come back
-        in `ClaimResult.finished`. An error that fails the whole claim records none of them."""
+        in `ClaimResult.finished`. An error that fails the whole claim records none of them.
+
+        `within`: at most `limit` tasks of each `KindLimit`'s kinds (a worker's free slots of
+        one cost class): a task of a full group is passed over and stays ready, in its place."""
         ...
 
     async def claim_polls(

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from headrace.policy import gate as gating
 from headrace.policy.gate import GateConfig, GateState, Refusal
+from headrace.store.types import KindLimit
 
 
 @dataclass
@@ -81,3 +82,30 @@ def gate_key(gates: Iterable[str]) -> str:
 def earliest(*times: float | None) -> float | None:
     present = [t for t in times if t is not None]
     return min(present) if present else None
+
+
+class KindBudget:
+    """What a claim may still take of each group of kinds (`KindLimit`s): kinds in no group
+    are limited only by the claim's own limit."""
+
+    def __init__(self, within: Sequence[KindLimit]) -> None:
+        self._group: dict[str, int] = {}
+        self._room = [limit.limit for limit in within]
+        for number, limit in enumerate(within):
+            for kind in limit.kinds:
+                self._group[kind] = number
+
+    def fits(self, kind: str) -> bool:
+        group = self._group.get(kind)
+        return group is None or self._room[group] > 0
+
+    def take(self, kind: str) -> None:
+        group = self._group.get(kind)
+        if group is not None:
+            self._room[group] -= 1
+
+    def open_kinds(self, kinds: Sequence[str] | None) -> list[str] | None:
+        """`kinds` (None: every kind) less those whose group is full; None stays None."""
+        if kinds is None:
+            return None
+        return [kind for kind in kinds if self.fits(kind)]

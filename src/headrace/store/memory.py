@@ -30,7 +30,7 @@ from headrace.policy.gate import GateConfig, GateState, GateStatistics
 from headrace.policy.poison import Expiry
 from headrace.policy.tiers import AGING_CEILING, aged_tier
 from headrace.store import idempotency
-from headrace.store.dispatch import GateBook, earliest, fits_claim, gate_key
+from headrace.store.dispatch import GateBook, KindBudget, earliest, fits_claim, gate_key
 from headrace.store.types import (
     ACTIVE,
     CANCELLED,
@@ -45,6 +45,7 @@ from headrace.store.types import (
     Dead,
     Failure,
     GroupReport,
+    KindLimit,
     Lease,
     NewTask,
     Outcome,
@@ -250,6 +251,7 @@ class MemoryStore:
         kinds: Collection[str] | None = None,
         alone: bool = True,
         finished: Sequence[tuple[Lease, Outcome]] = (),
+        within: Sequence[KindLimit] = (),
     ) -> ClaimResult:
         results = tuple(await self.finish_many(finished)) if finished else ()
         self._woken.clear()  # this claim sees everything written before it
@@ -258,6 +260,7 @@ class MemoryStore:
         self._age(now)
         self._due(now)
         book = GateBook(self._configs, self._gate_state, now)
+        budget = KindBudget(within)
         leases: list[Lease] = []
         popped: list[tuple[str, tuple[int, float, int]]] = []
         ordered = fairness.take_turns(
@@ -269,10 +272,11 @@ class MemoryStore:
         for task in ordered:
             if len(leases) >= limit:
                 break
-            if not fits_claim(task, len(leases), alone):
+            if not fits_claim(task, len(leases), alone) or not budget.fits(task.kind):
                 continue
             if gate_key(task.gates) in book.refused_keys or not book.admit(task.gates):
                 continue
+            budget.take(task.kind)
             leases.append(self._lease(task, worker, now, lease_for))
             if task.solo:
                 break

@@ -68,6 +68,7 @@ class Candidate:
     task's whole record comes back with its lease)."""
 
     id: int
+    kind: str
     tier: Tier
     tag: float
     flow: str
@@ -78,6 +79,7 @@ class Candidate:
 def candidate_of(row: Row) -> Candidate:
     return Candidate(
         id=row["id"],
+        kind=row["kind"],
         tier=_TIERS[row["tier"]],
         tag=row["tag"],
         flow=row["flow"],

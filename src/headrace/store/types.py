@@ -221,6 +221,19 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class KindLimit:
+    """At most `limit` tasks of these kinds in one claim: a worker's free slots of one cost
+    class, whose stages are `kinds`."""
+
+    kinds: frozenset[str]
+    limit: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 0:
+            raise ConfigError(f"claim limit: expected an integer >= 0, got {self.limit!r}")
+
+
+@dataclass(frozen=True)
 class ClaimResult:
     leases: tuple[Lease, ...]
     now: float

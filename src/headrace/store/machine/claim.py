@@ -12,7 +12,7 @@ from headrace.policy.errors import (
     StoreError,
 )
 from headrace.policy.tiers import AGING_CEILING, Tier, aged_tier
-from headrace.store.dispatch import GateBook, earliest, fits_claim, gate_key
+from headrace.store.dispatch import GateBook, KindBudget, earliest, fits_claim, gate_key
 from headrace.store.machine.core import AGING_SLACK, CLAIM_BATCH, Pending
 from headrace.store.machine.outcomes import Outcomes
 from headrace.store.rows import (
@@ -22,6 +22,7 @@ from headrace.store.rows import (
 )
 from headrace.store.types import (
     ClaimResult,
+    KindLimit,
     Lease,
 )
 
@@ -58,12 +59,15 @@ class Claiming(Outcomes):
         *,
         alone: bool = True,
         durable: bool = True,
+        within: Sequence[KindLimit] = (),
     ) -> Claimed:
         """The claim's time, counters and next run_at (`claim_start`) come back with the first
         batch's gates, in one round trip. Each batch's gates are locked before its tasks, so a
         task is only ever held by a claim that holds its gates: two claims never hand a gate's
         tickets out of (tier, tag) order. Not `durable`: the commit does not wait for the WAL
-        flush."""
+        flush. `within`: at most so many tasks of each group of kinds (a worker's cost
+        classes); a full group's kinds are left out of later batches."""
+        self._budget = KindBudget(within)
         clock = None if self._clock is None else self._clock.now()
         commit = "on" if durable else "off"
         self._gates_before_claim = len(self.gates.states) + len(self.gates.busy)
@@ -120,7 +124,12 @@ class Claiming(Outcomes):
         size = min(CLAIM_BATCH, 2 * limit + 8)
         held: list[Candidate] = []
         while True:
-            batch = {"tier": after[0], "tag": after[1], "id": after[2], "kinds": kinds}
+            open_kinds = self._budget.open_kinds(kinds)
+            if open_kinds == []:  # every kind asked for is in a full group
+                if held:
+                    yield held
+                return
+            batch = {"tier": after[0], "tag": after[1], "id": after[2], "kinds": open_kinds}
             peeked, last, tasks = await self.claim_batch(batch, sorted(excluded), size)
             if peeked < size:
                 if held or tasks:
@@ -197,12 +206,13 @@ class Claiming(Outcomes):
             key = gate_key(task.gates)
             if key in excluded or key in book.refused_keys:
                 continue
-            if not fits_claim(task, len(chosen), alone):
+            if not fits_claim(task, len(chosen), alone) or not self._budget.fits(task.kind):
                 continue
             if self.gates.busy.intersection(task.gates):
                 excluded.add(key)  # another claim holds one of its gates: next claim
             elif book.admit(task.gates):
                 chosen.append(task)
+                self._budget.take(task.kind)
                 self.dispatched(task)
                 if task.solo:
                     return True

@@ -16,6 +16,7 @@ from headrace.policy.errors import (
     UnknownTask,
 )
 from headrace.policy.gate import GateConfig, GateState
+from headrace.store.dispatch import KindBudget
 from headrace.store.rows import (
     Row,
     gate_params,
@@ -194,6 +195,7 @@ class Steps:
         self._counters: Pending | None = None  # meta_values, sent early
         self._finishes: dict[str, float] = {}  # flows' finish tags after tagging new tasks
         self._gates_before_claim = 0  # gates held or met busy when the claim began (outcomes')
+        self._budget = KindBudget(())  # what a claim may still take of each group of kinds
 
     # -- statements
 

@@ -74,7 +74,15 @@ from headrace.store.postgres.connection import (
     without_password,
 )
 from headrace.store.postgres.listen import Listener
-from headrace.store.types import ClaimResult, Lease, NewTask, Outcome, Settings, Submitted
+from headrace.store.types import (
+    ClaimResult,
+    KindLimit,
+    Lease,
+    NewTask,
+    Outcome,
+    Settings,
+    Submitted,
+)
 from headrace.store.verbs import TransactionVerbs, kinds_list
 
 T = TypeVar("T")
@@ -259,8 +267,9 @@ class PostgresStore(TransactionVerbs):
         kinds: Collection[str] | None = None,
         alone: bool = True,
         finished: Sequence[tuple[Lease, Outcome]] = (),
+        within: Sequence[KindLimit] = (),
     ) -> ClaimResult:
-        wanted, batch = kinds_list(kinds), tuple(finished)
+        wanted, batch, groups = kinds_list(kinds), tuple(finished), tuple(within)
         # A claim that records outcomes commits durably, as `finish_many` does.
         durable = self.durable_claims or bool(batch)
 
@@ -273,7 +282,9 @@ class PostgresStore(TransactionVerbs):
             # The outcomes first: they lock their tasks, then gates, as every writer does; the
             # claim then holds those gates already and waits only above them.
             results = await tx.finish_many(batch) if batch else []
-            claimed = await tx.claim(worker, limit, lease_for, wanted, alone=alone, durable=durable)
+            claimed = await tx.claim(
+                worker, limit, lease_for, wanted, alone=alone, durable=durable, within=groups
+            )
             return results, claimed
 
         if sweep:

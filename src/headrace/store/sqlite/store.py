@@ -47,7 +47,7 @@ from headrace.store.sqlite.connection import (
     translated,
 )
 from headrace.store.sqlite.wake import WakeChannel
-from headrace.store.types import ClaimResult, Lease, Outcome, Settings
+from headrace.store.types import ClaimResult, KindLimit, Lease, Outcome, Settings
 from headrace.store.verbs import TransactionVerbs, kinds_list
 
 T = TypeVar("T")
@@ -173,6 +173,7 @@ class SQLiteStore(TransactionVerbs):
         kinds: Collection[str] | None = None,
         alone: bool = True,
         finished: Sequence[tuple[Lease, Outcome]] = (),
+        within: Sequence[KindLimit] = (),
     ) -> ClaimResult:
         wanted, batch = kinds_list(kinds), tuple(finished)
         self._woken.clear()  # this claim sees everything written before it
@@ -181,7 +182,9 @@ class SQLiteStore(TransactionVerbs):
             results = await tx.finish_many(batch) if batch else []
             if self._sweeps.due(tx.now):  # under the same write lock as the claim
                 self._sweeps.at = await tx.sweep()
-            claimed = await tx.claim(worker, limit, lease_for, wanted, alone=alone)
+            claimed = await tx.claim(
+                worker, limit, lease_for, wanted, alone=alone, within=tuple(within)
+            )
             return replace(await claimed.result(), finished=tuple(results))
 
         return await self._write(verb)

@@ -348,7 +348,7 @@ WITH peek AS MATERIALIZED (  -- the batch's tasks, not locked: only their range 
         SELECT tier, tag, id FROM peek ORDER BY tier DESC, tag DESC, id DESC LIMIT 1
     ) AS last ON true
 ), chosen AS MATERIALIZED (  -- a task whose gates another claim holds is left to it
-    SELECT t.id, t.tier, t.tag, t.flow, t.gates, t.solo, f.served AS flow_served
+    SELECT t.id, t.kind, t.tier, t.tag, t.flow, t.gates, t.solo, f.served AS flow_served
     FROM tasks AS t JOIN flows AS f ON f.flow = t.flow
     WHERE t.state = 'ready'
       AND (t.tier, t.tag, t.id) > (%(tier)s::smallint, %(tag)s::double precision, %(id)s::bigint)
@@ -369,7 +369,7 @@ SELECT e.peeked, e.last_tier, e.last_tag, e.last_id,
        CASE WHEN row_number() OVER w = 1 THEN e.gate_rows END AS gate_rows,
        CASE WHEN row_number() OVER w = 1 THEN e.wanted END AS wanted,
        -- what a claim weighs a task by: its leased row comes back with its lease
-       c.id, c.tier, c.tag, c.flow, c.gates, c.solo, c.flow_served
+       c.id, c.kind, c.tier, c.tag, c.flow, c.gates, c.solo, c.flow_served
 FROM edge AS e LEFT JOIN chosen AS c ON true
 WINDOW w AS (ORDER BY c.tier, c.tag, c.id)
 ORDER BY c.tier, c.tag, c.id;

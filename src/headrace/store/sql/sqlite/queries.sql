@@ -431,7 +431,7 @@ SELECT :clock AS now,
 -- name: claim_batch
 -- One claim batch: due ready tasks after a (tier, tag, id) key with their flows' turns, the batch's size and end, and its gates' states.
 WITH peek AS MATERIALIZED (
-    SELECT id, tier, tag, flow, gates, solo FROM tasks
+    SELECT id, kind, tier, tag, flow, gates, solo FROM tasks
     WHERE state = 'ready'
       AND (tier, tag, id) > (:tier, :tag, :id)
       AND run_at <= :now
@@ -465,7 +465,7 @@ SELECT (SELECT count(*) FROM peek) AS peeked,
            SELECT json_group_array(name) FROM wanted
        ) END AS "wanted [headrace_json]",
        -- what a claim weighs a task by: its leased row comes back with its lease
-       p.id, p.tier, p.tag, p.flow, p.gates, p.solo, f.served AS flow_served
+       p.id, p.kind, p.tier, p.tag, p.flow, p.gates, p.solo, f.served AS flow_served
 FROM (SELECT 1) AS one
 LEFT JOIN peek AS p ON true
 LEFT JOIN flows AS f ON f.flow = p.flow
