@@ -1096,6 +1096,29 @@ async def test_a_claim_records_the_outcomes_it_carries_first(
     assert attempt.outcome is AttemptOutcome.SUCCEEDED
 
 
+async def test_a_claim_records_outcomes_with_successors_in_their_order(store: Store) -> None:
+    await store.submit([task("a"), task("b"), task("c")])
+    [a, b, c] = await claim(store, 3)
+    claimed = await store.claim(
+        "w1",
+        5,
+        lease_for=LEASE,
+        finished=[
+            (a, Succeeded()),
+            (b, Succeeded(successors=(task("next"),))),
+            (b, Succeeded()),  # b again: already recorded
+            (c, Retry(boom(), delay=100.0)),
+        ],
+    )
+    assert [type(r).__name__ if r else None for r in claimed.finished] == [
+        None,
+        None,
+        "LeaseLost",
+        None,
+    ]
+    assert refs(list(claimed.leases)) == ["next"]  # made by an outcome before the claim
+
+
 async def test_a_claim_takes_no_more_of_a_group_of_kinds_than_its_limit(store: Store) -> None:
     await store.submit([task(f"v{i}", kind="video") for i in range(4)])
     await store.submit([task(f"a{i}", kind="audio") for i in range(2)])

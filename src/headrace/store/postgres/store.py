@@ -82,6 +82,7 @@ from headrace.store.types import (
     Outcome,
     Settings,
     Submitted,
+    Succeeded,
 )
 from headrace.store.verbs import TransactionVerbs, kinds_list
 
@@ -269,7 +270,15 @@ class PostgresStore(TransactionVerbs):
         finished: Sequence[tuple[Lease, Outcome]] = (),
         within: Sequence[KindLimit] = (),
     ) -> ClaimResult:
-        wanted, batch, groups = kinds_list(kinds), tuple(finished), tuple(within)
+        wanted, groups = kinds_list(kinds), tuple(within)
+        # Outcomes with successors lock the successors' flows, and a claim locks gates after
+        # its outcomes; every writer locks gates before flows, so those outcomes are written
+        # first, in a transaction of their own (a claim holding a flow while it waits for a
+        # gate another claim holds, which waits for that flow, would be a deadlock).
+        spawning = [n for n, (_, outcome) in enumerate(finished) if _spawns(outcome)]
+        early = await self.finish_many([finished[n] for n in spawning]) if spawning else []
+        carried = [n for n in range(len(finished)) if n not in set(spawning)]
+        batch = tuple(finished[n] for n in carried)
         # A claim that records outcomes commits durably, as `finish_many` does.
         durable = self.durable_claims or bool(batch)
 
@@ -292,7 +301,10 @@ class PostgresStore(TransactionVerbs):
             # that has yet to lock their gates (another claim would skip them, out of order).
             self._sweeps.at = await self._write(lambda tx: tx.sweep())
         results, claimed = await self._write(verb, clock_first=False)  # read in passing
-        return replace(await claimed.result(), finished=tuple(results))
+        merged: list[HeadraceError | None] = [None] * len(finished)
+        for n, result in [*zip(spawning, early, strict=True), *zip(carried, results, strict=True)]:
+            merged[n] = result
+        return replace(await claimed.result(), finished=tuple(merged))
 
     # -- transactions
 
@@ -387,6 +399,10 @@ class PostgresStore(TransactionVerbs):
         return template.format(
             schema=pgsql.Identifier(self.schema), channel=pgsql.Identifier(self.channel)
         )
+
+
+def _spawns(outcome: Outcome) -> bool:
+    return isinstance(outcome, Succeeded) and bool(outcome.successors)
 
 
 def _plain(batch: Sequence[NewTask], bounds: Mapping[str, int]) -> bool:
