@@ -136,12 +136,18 @@ class UnknownTask(StoreError):
 
 
 class QueueFull(StoreError):
-    """A stage's waiting bound is reached; the producer asked to be refused rather than wait."""
+    """A stage's waiting bound is reached (`scope` "stage"), or its cap for one flow ("flow",
+    `label` the flow) or one group ("group"); the producer asked to be refused rather than wait."""
 
-    def __init__(self, kind: str, bound: int) -> None:
-        super().__init__(f"stage {kind!r}: {bound} tasks already waiting")
+    def __init__(
+        self, kind: str, bound: int, scope: str = "stage", label: str | None = None
+    ) -> None:
+        whose = "" if label is None else f" of {scope} {label!r}"
+        super().__init__(f"stage {kind!r}: {bound} tasks{whose} already waiting")
         self.kind = kind
         self.bound = bound
+        self.scope = scope
+        self.label = label
 
 
 class SchemaTooNew(StoreError):

@@ -23,7 +23,7 @@ from headrace.runtime.classes import check_class_name
 from headrace.runtime.context import Context
 from headrace.runtime.results import Pending, RemoteWait, Result
 from headrace.store.base import Store
-from headrace.store.types import NewTask, Settings, Sibling, Submitted, check_text
+from headrace.store.types import NewTask, Settings, Sibling, StageLimits, Submitted, check_text
 from headrace.store.urls import open_store
 
 HandlerResult = Result | RemoteWait | None
@@ -46,6 +46,9 @@ class TaskOptions:
     cost: float = 1.0
     timeout: float | None = None  # seconds an attempt (or a remote check) may take
     cost_class: str | None = None  # the worker slots it runs in (runtime/classes.py)
+    per_flow: int | None = None  # waiting tasks of one flow it holds at most
+    per_group: int | None = None  # waiting tasks of one group it holds at most
+    feeds: tuple[str, ...] = ()  # the stages its successors go to (for backpressure)
 
 
 def _check_gate_list(gates: Sequence[str]) -> None:
@@ -210,6 +213,9 @@ class App:
         cancel: Canceller | None = None,
         timeout: Duration | None = None,
         cost_class: str | None = None,
+        per_flow: int | None = None,
+        per_group: int | None = None,
+        feeds: Sequence[str] = (),
     ) -> Callable[[Handler], TaskDefinition]: ...
 
     def task(
@@ -229,17 +235,28 @@ class App:
         cancel: Canceller | None = None,
         timeout: Duration | None = None,
         cost_class: str | None = None,
+        per_flow: int | None = None,
+        per_group: int | None = None,
+        feeds: Sequence[str] = (),
     ) -> TaskDefinition | Callable[[Handler], TaskDefinition]:
-        """Declare a stage: `@app.task` or `@app.task(gates=[...], ...)`. `bound` caps its
-        pending+ready tasks for producers; `poll` checks its remote jobs and `cancel` stops one
-        that outlived its timeout; `timeout` limits each attempt (else the worker's default);
-        `cost_class` names the worker slots it runs in (`Worker(classes=...)`)."""
+        """Declare a stage: `@app.task` or `@app.task(gates=[...], ...)`.
+
+        `bound` caps its waiting (pending or ready) tasks, `per_flow` those of one flow and
+        `per_group` those of one group: a producer waits for room (or is refused, `on_full`)
+        and a completion whose successors do not fit is deferred. `feeds` names the stages its
+        successors go to: while one of those is full, this stage's ready tasks stay queued.
+        `poll` checks its remote jobs and `cancel` stops one that outlived its timeout;
+        `timeout` limits each attempt (else the worker's default); `cost_class` names the
+        worker slots it runs in (`Worker(classes=...)`)."""
         _check_gate_list(gates)
+        if isinstance(feeds, str):
+            raise ConfigError(f"task.feeds: expected a list of stage names, got {feeds!r}")
+        limited = StageLimits(name or "", bound, per_flow, per_group, tuple(feeds))
+        if self._opened is not None and (limited.limited or limited.feeds):
+            raise ConfigError("task: declare bounded stages before the app is opened")
         policy = retry or RetryPolicy()
         if max_attempts is not None:
             policy = replace(policy, max_attempts=max_attempts)
-        if bound is not None and (isinstance(bound, bool) or bound < 1):
-            raise ConfigError(f"task.bound: expected a positive integer, got {bound!r}")
         if on_full not in ("wait", "refuse"):
             raise ConfigError(f"task.on_full: expected 'wait' or 'refuse', got {on_full!r}")
         limit = None if timeout is None else positive_seconds(timeout, field="task.timeout")
@@ -254,6 +271,9 @@ class App:
             cost,
             timeout=limit,
             cost_class=cost_class,
+            per_flow=per_flow,
+            per_group=per_group,
+            feeds=limited.feeds,
         )
 
         def register(fn: Handler) -> TaskDefinition:
@@ -290,7 +310,24 @@ class App:
 
     @property
     def settings(self) -> Settings:
-        return Settings(tuple(self.gates.values()), self.aging_step, self.poison_expiries)
+        return Settings(
+            tuple(self.gates.values()), self.aging_step, self.poison_expiries, self.stage_limits()
+        )
+
+    def stage_limits(self) -> tuple[StageLimits, ...]:
+        """The limits and feeds of the stages that have any, for the store to hold."""
+        found = []
+        for kind, definition in sorted(self.definitions.items()):
+            options = definition.options
+            for fed in options.feeds:
+                if fed not in self.definitions:
+                    raise ConfigError(f"task {kind}: feeds names no declared stage: {fed!r}")
+            stage = StageLimits(
+                kind, options.bound, options.per_flow, options.per_group, options.feeds
+            )
+            if stage.limited or stage.feeds:
+                found.append(stage)
+        return tuple(found)
 
     async def open(self) -> Store:
         async with self._opening:
@@ -335,12 +372,11 @@ class App:
         """`submit`, telling for each task whether it was created or its key named a task
         that already existed."""
         store = await self.open()
-        bounds = self._bounds(specs)
         refuse = any(self.definitions[s.kind].options.on_full == "refuse" for s in specs)
         pause = PRODUCER_WAIT_MIN
         while True:
             try:
-                submitted = await store.submit(specs, bounds=bounds or None)
+                submitted = await store.submit(specs)  # the store holds the stages' limits
             except QueueFull:
                 if refuse:
                     raise
@@ -349,14 +385,6 @@ class App:
                 continue
             self.notify()
             return submitted
-
-    def _bounds(self, specs: Sequence[NewTask]) -> dict[str, int]:
-        bounds: dict[str, int] = {}
-        for spec in specs:
-            bound = self.definition(spec.kind).options.bound
-            if bound is not None:
-                bounds[spec.kind] = bound
-        return bounds
 
     # -- wake-ups within this process
 

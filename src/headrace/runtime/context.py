@@ -63,10 +63,13 @@ class Context:
         tier: Tier | str | None = None,
         key: str | None = None,
         cost: float | None = None,
+        weight: float = 1.0,
     ) -> Sibling:
         """A successor task; returns a handle that later successors can name in `after`.
         Group, flow and tier default to this task's; the key defaults to one derived from this
-        task and the successor, so a successor is never created twice."""
+        task and the successor, so a successor is never created twice. `weight`: its share of
+        its flow's turns (fairness), 1 unless given. If its stage has no room when this task
+        ends, this task is deferred: it runs again later, its attempt not counted."""
         target = self.app.definition(definition) if isinstance(definition, str) else definition
         spec = target.spec(
             ref,
@@ -75,6 +78,7 @@ class Context:
             tier=tier if tier is not None else self.task.submitted_tier,
             key=key or f"{self.task.key or self.task.id}>{target.name}:{ref}",
             cost=cost,
+            weight=weight,
         )
         self.successors.append(replace(spec, after=tuple(after)))
         return Sibling(len(self.successors) - 1)

@@ -85,27 +85,26 @@ def earliest(*times: float | None) -> float | None:
 
 
 class KindBudget:
-    """What a claim may still take of each group of kinds (`KindLimit`s): kinds in no group
-    are limited only by the claim's own limit."""
+    """What a claim may still take of each group of kinds (`KindLimit`s: a cost class's free
+    slots, a downstream stage's room); a kind may be in several groups and is taken only while
+    each has room. Kinds in no group are limited only by the claim's own limit."""
 
     def __init__(self, within: Sequence[KindLimit]) -> None:
-        self._group: dict[str, int] = {}
+        self._groups: dict[str, list[int]] = {}
         self._room = [limit.limit for limit in within]
         for number, limit in enumerate(within):
             for kind in limit.kinds:
-                self._group[kind] = number
+                self._groups.setdefault(kind, []).append(number)
 
     def fits(self, kind: str) -> bool:
-        group = self._group.get(kind)
-        return group is None or self._room[group] > 0
+        return all(self._room[group] > 0 for group in self._groups.get(kind, ()))
 
     def take(self, kind: str) -> None:
-        group = self._group.get(kind)
-        if group is not None:
+        for group in self._groups.get(kind, ()):
             self._room[group] -= 1
 
     def open_kinds(self, kinds: Sequence[str] | None) -> list[str] | None:
-        """`kinds` (None: every kind) less those whose group is full; None stays None."""
+        """`kinds` (None: every kind) less those in a full group; None stays None."""
         if kinds is None:
             return None
         return [kind for kind in kinds if self.fits(kind)]

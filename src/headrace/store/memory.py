@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import heapq
 import itertools
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import replace
 
@@ -29,13 +29,16 @@ from headrace.policy.errors import (
 from headrace.policy.gate import GateConfig, GateState, GateStatistics
 from headrace.policy.poison import Expiry
 from headrace.policy.tiers import AGING_CEILING, aged_tier
+from headrace.store import bounds as stage_bounds
 from headrace.store import idempotency
 from headrace.store.dispatch import GateBook, KindBudget, earliest, fits_claim, gate_key
 from headrace.store.types import (
     ACTIVE,
     CANCELLED,
+    DEFER_DELAY,
     LEASE_EXPIRED,
     POISON,
+    STAGE_FULL,
     UPSTREAM_FAILED,
     Attempt,
     AttemptError,
@@ -119,9 +122,12 @@ class MemoryStore:
         self._check_batch(tasks, bounds or {})
         return self._create(tasks, now)
 
-    def _check_batch(self, tasks: Sequence[NewTask], bounds: Mapping[str, int]) -> None:
+    def _check_batch(
+        self, tasks: Sequence[NewTask], bounds: Mapping[str, int] | None = None
+    ) -> None:
         """Refuse the batch whole (before anything changes) for an unknown gate or task, a later
-        sibling, a key submitted with another payload, or a full bound."""
+        sibling, a key submitted with another payload, or a full stage (its limits, and
+        `bounds` over them)."""
         for index, task in enumerate(tasks):
             for name in task.gates:
                 gating.resolve(name, self._configs)
@@ -132,14 +138,19 @@ class MemoryStore:
                 elif dep not in self._tasks:
                     raise UnknownTask(dep)
         planned = self._plan(tasks)
+        limits = stage_bounds.by_kind(self.settings.stages, bounds)
         waiting = {TaskState.PENDING, TaskState.READY}
-        for kind, bound in bounds.items():
-            new = idempotency.created_of_kind(tasks, planned, kind)
-            if not new:
-                continue
-            queued = sum(1 for t in self._tasks.values() if t.kind == kind and t.state in waiting)
-            if queued + new > bound:
-                raise QueueFull(kind, bound)
+        for need in stage_bounds.needs(tasks, planned, limits):
+            need.check(
+                sum(
+                    1
+                    for t in self._tasks.values()
+                    if t.kind == need.kind
+                    and t.state in waiting
+                    and (need.scope != "flow" or t.flow == need.label)
+                    and (need.scope != "group" or t.group == need.label)
+                )
+            )
 
     def _plan(self, tasks: Sequence[NewTask]) -> list[idempotency.Planned]:
         known = {
@@ -260,7 +271,7 @@ class MemoryStore:
         self._age(now)
         self._due(now)
         book = GateBook(self._configs, self._gate_state, now)
-        budget = KindBudget(within)
+        budget = KindBudget([*within, *self._backpressure()])
         leases: list[Lease] = []
         popped: list[tuple[str, tuple[int, float, int]]] = []
         ordered = fairness.take_turns(
@@ -278,6 +289,8 @@ class MemoryStore:
                 continue
             budget.take(task.kind)
             leases.append(self._lease(task, worker, now, lease_for))
+            if task.kind in stage_bounds.fed_kinds(self.settings.stages):
+                self._woken.set()  # room downstream: claims backpressure held back may go on
             if task.solo:
                 break
         for key, entry in popped:  # what was looked at but not leased goes back in line
@@ -286,6 +299,20 @@ class MemoryStore:
         self._gates.update({name: book.states[name] for name in book.changed})
         wake_at = earliest(book.wake_at(), self._next_run_at())
         return ClaimResult(tuple(leases), now, wake_at, finished=results)
+
+    def _backpressure(self) -> list[KindLimit]:
+        counted = set(stage_bounds.counted_kinds(self.settings.stages))
+        if not counted:
+            return []
+        queued: Counter[str] = Counter()
+        active: Counter[str] = Counter()
+        for task in self._tasks.values():
+            if task.kind in counted:
+                if task.state in (TaskState.PENDING, TaskState.READY):
+                    queued[task.kind] += 1
+                elif task.state in (TaskState.RUNNING, TaskState.WAITING):
+                    active[task.kind] += 1
+        return stage_bounds.backpressure(self.settings.stages, queued, active)
 
     def _gate_state(self, name: str) -> GateState:
         return self._gates.get(name, GateState())
@@ -423,8 +450,41 @@ class MemoryStore:
         if task.state is TaskState.WAITING and isinstance(outcome, AwaitRemote):
             raise ConfigError("AwaitRemote: the task is already waiting on a remote job")
         if isinstance(outcome, Succeeded):
-            self._check_batch(outcome.successors, {})  # refused whole, before anything changes
+            try:  # refused whole, before anything changes
+                self._check_batch(outcome.successors)
+            except QueueFull as full:
+                self._defer(task, full, now)
+                return
         self._apply(task, outcome, now)
+
+    def _defer(self, task: TaskRecord, full: QueueFull, now: float) -> None:
+        """Successors a full stage has no room for: the task is ready again, its attempt not
+        counted (a waiting one is polled again: its remote job is not submitted twice)."""
+        if task.state is TaskState.WAITING:
+            self._put(
+                replace(
+                    task,
+                    run_at=now + DEFER_DELAY,
+                    lease_until=None,
+                    worker=None,
+                    error_code=STAGE_FULL,
+                )
+            )
+            return
+        error = AttemptError.of(ErrorClass.TRANSIENT, STAGE_FULL, str(full))
+        self._end_attempt(task, now, AttemptOutcome.DEFERRED, error)
+        self._release(task.id, now)
+        self._put(
+            replace(
+                task,
+                state=TaskState.READY,
+                run_at=now + DEFER_DELAY,
+                worker=None,
+                lease_until=None,
+                error_code=STAGE_FULL,
+                attempt_base=task.attempt_base + 1,
+            )
+        )
 
     async def finish_many(
         self, outcomes: Sequence[tuple[Lease, Outcome]]

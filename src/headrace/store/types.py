@@ -33,6 +33,8 @@ TERMINAL = frozenset({TaskState.SUCCEEDED, TaskState.DEAD, TaskState.CANCELLED})
 UPSTREAM_FAILED = "upstream_failed"  # cancelled: a task it waited on died or was cancelled
 LEASE_EXPIRED = "lease_expired"  # its worker stopped renewing the lease
 POISON = "poison_lease_expired"  # dead: its workers died while running it too many times
+STAGE_FULL = "stage_full"  # deferred: a stage its successors go to had no room for them
+DEFER_DELAY = 0.25  # seconds a deferred task waits before it may be claimed again
 CANCELLED = "cancelled"
 ACTIVE = frozenset(TaskState) - TERMINAL
 
@@ -312,6 +314,8 @@ class AttemptOutcome(enum.Enum):
     WAITING = "waiting"
     LEASE_EXPIRED = "lease_expired"
     CANCELLED = "cancelled"
+    # It succeeded, but a stage its successors go to had no room: it runs again, uncounted.
+    DEFERRED = "deferred"
 
 
 @dataclass(frozen=True)
@@ -382,9 +386,39 @@ class StageStats:
 
 
 @dataclass(frozen=True)
+class StageLimits:
+    """What a stage may hold waiting (pending or ready): `bound` tasks in all, `per_flow` of one
+    flow (a contributor session), `per_group` of one group (an event). The store holds them on
+    every submit and on the successors a completion creates. `feeds`: the stages its handler's
+    successors go to; while one of those has no room left for what the stage's running tasks
+    may add, a claim leaves this stage's ready tasks where they are (backpressure)."""
+
+    kind: str
+    bound: int | None = None
+    per_flow: int | None = None
+    per_group: int | None = None
+    feeds: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("bound", "per_flow", "per_group"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ConfigError(f"task.{name}: expected a positive integer, got {value!r}")
+        if isinstance(self.feeds, str):
+            raise ConfigError(f"task.feeds: expected a list of stage names, got {self.feeds!r}")
+
+    @property
+    def limited(self) -> bool:
+        return not (self.bound is None and self.per_flow is None and self.per_group is None)
+
+
+@dataclass(frozen=True)
 class Settings:
     """Store-wide scheduling settings the app hands to the store when it opens it."""
 
     gates: tuple[GateConfig, ...] = ()
     aging_step: float = 60.0
     poison_expiries: int = 3
+    stages: tuple[StageLimits, ...] = ()

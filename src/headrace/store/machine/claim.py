@@ -12,6 +12,7 @@ from headrace.policy.errors import (
     StoreError,
 )
 from headrace.policy.tiers import AGING_CEILING, Tier, aged_tier
+from headrace.store import bounds as stage_bounds
 from headrace.store.dispatch import GateBook, KindBudget, earliest, fits_claim, gate_key
 from headrace.store.machine.core import AGING_SLACK, CLAIM_BATCH, Pending
 from headrace.store.machine.outcomes import Outcomes
@@ -67,7 +68,7 @@ class Claiming(Outcomes):
         tickets out of (tier, tag) order. Not `durable`: the commit does not wait for the WAL
         flush. `within`: at most so many tasks of each group of kinds (a worker's cost
         classes); a full group's kinds are left out of later batches."""
-        self._budget = KindBudget(within)
+        self._budget = KindBudget([*within, *await self.backpressure()])
         clock = None if self._clock is None else self._clock.now()
         commit = "on" if durable else "off"
         self._gates_before_claim = len(self.gates.states) + len(self.gates.busy)
@@ -90,6 +91,22 @@ class Claiming(Outcomes):
             self.gates.put(name, book.states[name])
         wake_at = earliest(book.wake_at(), next_at)
         return await self.lease(chosen, worker, lease_for, wake_at)
+
+    async def backpressure(self) -> list[KindLimit]:
+        """How many tasks the stages feeding a bounded stage may start in this claim: its room
+        now, less what their running tasks may still add (store/bounds.py). Read before the
+        claim's batches, with no lock: two claims that read the same room may together start
+        more than it, and the successors that then do not fit defer their task (`defer`)."""
+        counted = stage_bounds.counted_kinds(self.settings.stages)
+        if not counted:
+            return []
+        self._fed = stage_bounds.fed_kinds(self.settings.stages)
+        queued: dict[str, int] = {}
+        active: dict[str, int] = {}
+        for found in await self.rows("stage_counts", kinds=counted):
+            queued[found["kind"]] = int(found["queued"])
+            active[found["kind"]] = int(found["active"])
+        return stage_bounds.backpressure(self.settings.stages, queued, active)
 
     async def sweep(self) -> float:
         """Reap expired leases and age low tasks; return the store time it ran at."""
@@ -238,6 +255,8 @@ class Claiming(Outcomes):
         if not chosen:
             return Claimed(None, [], until, self.now, wake_at)
         ids = [task.id for task in chosen]
+        if any(task.kind in self._fed for task in chosen):
+            self.wake = True  # room downstream: claims that backpressure held back may go on
         flows = sorted(self._served_now)
         await self.run("lock_flows", flows=flows)  # before the counters
         rated = sorted({name for task in chosen for name in task.gates if self.rated(name)})

@@ -16,6 +16,7 @@ from headrace.policy.errors import (
     UnknownTask,
 )
 from headrace.policy.gate import GateConfig, GateState
+from headrace.store import bounds as stage_bounds
 from headrace.store.dispatch import KindBudget
 from headrace.store.rows import (
     Row,
@@ -179,6 +180,7 @@ class Steps:
         self.driver = driver
         self.configs = configs
         self.settings = settings
+        self.limits = stage_bounds.by_kind(settings.stages)  # the stages' limits, by name
         self._clock = clock
         self.now = -math.inf
         self.gates = GateRows(self)
@@ -196,6 +198,7 @@ class Steps:
         self._finishes: dict[str, float] = {}  # flows' finish tags after tagging new tasks
         self._gates_before_claim = 0  # gates held or met busy when the claim began (outcomes')
         self._budget = KindBudget(())  # what a claim may still take of each group of kinds
+        self._fed: frozenset[str] = frozenset()  # bounded stages other stages feed
 
     # -- statements
 

@@ -14,6 +14,7 @@ from headrace.policy.errors import (
     ErrorClass,
     HeadraceError,
     LeaseLost,
+    QueueFull,
     UnknownGate,
 )
 from headrace.policy.gate import GateConfig
@@ -25,8 +26,10 @@ from headrace.store.rows import (
     task_of,
 )
 from headrace.store.types import (
+    DEFER_DELAY,
     LEASE_EXPIRED,
     POISON,
+    STAGE_FULL,
     UPSTREAM_FAILED,
     AttemptError,
     AttemptOutcome,
@@ -190,9 +193,15 @@ class Outcomes(Submission):
         await self.run("poll_again", id=task.id, run_at=run_at, code=outcome.code)
 
     async def succeed(self, task: TaskRecord, outcome: Succeeded) -> None:
-        # Successors are checked like a submitted batch: a bad one fails the whole completion.
+        # Successors are checked like a submitted batch: a bad one fails the whole completion,
+        # and one its stage has no room for defers it.
         states = await self.check_batch(outcome.successors)
         planned = idempotency.plan(outcome.successors, await self.known_keys(outcome.successors))
+        try:
+            await self.check_bounds(outcome.successors, planned, self.limits)
+        except QueueFull as full:
+            await self.defer(task, full)
+            return
         await self.lock_gates_for(task, ())
         await self.release(task.id, delete=False)
         await self.run("succeed_task", id=task.id, number=task.attempt)
@@ -200,6 +209,20 @@ class Outcomes(Submission):
         states[task.id] = TaskState.SUCCEEDED  # successors that wait on it have nothing to wait for
         await self.create(outcome.successors, states, planned)
         self.wake = True
+
+    async def defer(self, task: TaskRecord, full: QueueFull) -> None:
+        """A success whose successors a stage has no room for: nothing of it is kept, and the
+        task is ready again (after `DEFER_DELAY`), its attempt not counted and its tickets
+        returned. Backpressure, not a failure: the work waits upstream, where it was. A task
+        whose remote job ended is polled again instead: the job is not submitted twice."""
+        if task.state is TaskState.WAITING:
+            await self.poll_again(task, PollAgain(DEFER_DELAY, STAGE_FULL))
+            return
+        await self.lock_gates_for(task, ())
+        error = AttemptError.of(ErrorClass.TRANSIENT, STAGE_FULL, str(full))
+        await self.endattempt_of(task, AttemptOutcome.DEFERRED, error)
+        await self.release(task.id)
+        await self.run("mark_deferred", id=task.id, run_at=self.now + DEFER_DELAY, code=STAGE_FULL)
 
     async def retry(self, task: TaskRecord, outcome: Retry) -> None:
         await self.lock_gates_for(task, outcome.penalize)

@@ -10,11 +10,11 @@ from headrace.policy import fairness
 from headrace.policy import gate as gating
 from headrace.policy.errors import (
     ConfigError,
-    QueueFull,
     StoreError,
     UnknownTask,
 )
 from headrace.policy.gate import GateConfig
+from headrace.store import bounds as stage_bounds
 from headrace.store import idempotency
 from headrace.store.dispatch import gate_key
 from headrace.store.machine.core import Json
@@ -26,6 +26,7 @@ from headrace.store.types import (
     UPSTREAM_FAILED,
     NewTask,
     Sibling,
+    StageLimits,
     Submitted,
     TaskState,
 )
@@ -47,11 +48,13 @@ class Submission(Tickets):
     # -- submission
 
     async def submit(self, tasks: Sequence[NewTask], bounds: Mapping[str, int]) -> list[Submitted]:
-        if not tasks or any(task.kind in bounds for task in tasks):
+        """`bounds`: whole-stage bounds of this submit's own, over the stages' limits."""
+        limits = stage_bounds.by_kind(self.settings.stages, bounds) if bounds else self.limits
+        if not tasks or any(task.kind in limits for task in tasks):
             await self.read_clock()
             states = await self.check_batch(tasks)
             planned = idempotency.plan(tasks, await self.known_keys(tasks))
-            await self.check_bounds(tasks, planned, bounds)
+            await self.check_bounds(tasks, planned, limits)
             return await self.create(tasks, states, planned)
         return await self.submit_unbounded(tasks)
 
@@ -125,17 +128,22 @@ class Submission(Tickets):
         self,
         tasks: Sequence[NewTask],
         planned: Sequence[idempotency.Planned],
-        bounds: Mapping[str, int],
+        limits: Mapping[str, StageLimits],
     ) -> None:
-        for kind in sorted(bounds):
-            new = idempotency.created_of_kind(tasks, planned, kind)
-            if not new:
-                continue
-            # One submitter at a time counts a bounded kind, so two cannot both squeeze in.
-            await self.run("advisory_lock", lock=f"headrace.bound:{kind}")
-            queued = int((await self.one("count_queued", kind=kind))["n"])
-            if queued + new > bounds[kind]:
-                raise QueueFull(kind, bounds[kind])
+        """Raise QueueFull when the tasks the batch creates do not fit a limit of their stage."""
+        locked: set[str] = set()
+        for need in stage_bounds.needs(tasks, planned, limits):
+            if need.kind not in locked:  # kinds in name order, as every writer takes them
+                # One writer at a time counts a bounded kind, so two cannot both squeeze in.
+                await self.run("advisory_lock", lock=f"headrace.bound:{need.kind}")
+                locked.add(need.kind)
+            if need.scope == "flow":
+                found = await self.one("count_queued_of_flow", kind=need.kind, flow=need.label)
+            elif need.scope == "group":
+                found = await self.one("count_queued_of_group", kind=need.kind, grp=need.label)
+            else:
+                found = await self.one("count_queued", kind=need.kind)
+            need.check(int(found["n"]))
 
     async def create(
         self,

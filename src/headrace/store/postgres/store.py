@@ -131,6 +131,7 @@ class PostgresStore(TransactionVerbs):
         self.durable_claims = durable_claims
         self.settings = Settings()
         self._configs: dict[str, GateConfig] = {}
+        self._limited: frozenset[str] = frozenset()  # stages with limits on waiting tasks
         self._queries: Queries = sql.load_queries(QUERIES)
         self._pool: AsyncConnectionPool[Connection] | None = None
         self._server_clock: tuple[float, float] | None = None  # (server time, monotonic then)
@@ -162,6 +163,7 @@ class PostgresStore(TransactionVerbs):
     async def open(self, settings: Settings) -> None:
         self.settings = settings
         self._configs = {config.name: config for config in settings.gates}
+        self._limited = frozenset(stage.kind for stage in settings.stages if stage.limited)
         if self._pool is not None:
             return
         await self.upgrade()  # on a connection of its own: an unreachable server fails fast
@@ -222,7 +224,7 @@ class PostgresStore(TransactionVerbs):
         self, tasks: Sequence[NewTask], *, bounds: Mapping[str, int] | None = None
     ) -> list[Submitted]:
         batch, limits = tuple(tasks), dict(bounds or {})
-        if _plain(batch, limits):
+        if _plain(batch, limits.keys() | self._limited):
             submitted = await self._submit_plain(batch)
             if submitted is not None:
                 return submitted
@@ -405,14 +407,14 @@ def _spawns(outcome: Outcome) -> bool:
     return isinstance(outcome, Succeeded) and bool(outcome.successors)
 
 
-def _plain(batch: Sequence[NewTask], bounds: Mapping[str, int]) -> bool:
-    """A batch `submit_plain` can take: no keys, no dependencies, no bounded kind, one task
-    per flow (each task's tag is then its flow's first)."""
+def _plain(batch: Sequence[NewTask], bounded: Collection[str]) -> bool:
+    """A batch `submit_plain` can take: no keys, no dependencies, no kind whose stage has
+    limits (`bounded`), one task per flow (each task's tag is then its flow's first)."""
     flows = {task.flow for task in batch}
     return (
         bool(batch)
         and len(flows) == len(batch)
-        and not any(task.key is not None or task.after or task.kind in bounds for task in batch)
+        and not any(task.key is not None or task.after or task.kind in bounded for task in batch)
     )
 
 

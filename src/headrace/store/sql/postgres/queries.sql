@@ -84,6 +84,32 @@ SELECT id, key, payload_digest FROM tasks WHERE key = ANY(%(keys)s::text[]);
 -- Tasks of a kind still waiting to run (pending or ready): what a stage's bound limits.
 SELECT count(*) AS n FROM tasks WHERE kind = %(kind)s::text AND state IN ('pending', 'ready');
 
+-- name: count_queued_of_flow
+-- Tasks of a kind and flow still waiting to run: what a stage's cap per flow limits.
+SELECT count(*) AS n FROM tasks
+WHERE kind = %(kind)s::text AND state IN ('pending', 'ready') AND flow = %(flow)s::text;
+
+-- name: count_queued_of_group
+-- Tasks of a kind and group still waiting to run: what a stage's cap per group limits.
+SELECT count(*) AS n FROM tasks
+WHERE grp = %(grp)s::text AND state IN ('pending', 'ready') AND kind = %(kind)s::text;
+
+-- name: stage_counts
+-- Of the kinds given: tasks waiting to run, and running or waiting on a remote job.
+SELECT kind,
+       count(*) FILTER (WHERE state IN ('pending', 'ready')) AS queued,
+       count(*) FILTER (WHERE state IN ('running', 'waiting')) AS active
+FROM tasks
+WHERE kind = ANY(%(kinds)s::text[]) AND state IN ('pending', 'ready', 'running', 'waiting')
+GROUP BY kind;
+
+-- name: mark_deferred
+-- A success a full stage had no room for: ready again at run_at, that attempt not counted.
+UPDATE tasks
+SET state = 'ready', run_at = %(run_at)s::double precision, worker = NULL, lease_until = NULL,
+    error_code = %(code)s::text, attempt_base = attempt_base + 1
+WHERE id = %(id)s::bigint;
+
 -- name: next_task_ids
 -- Ids for the tasks of a batch, so that siblings can name each other before they are written.
 SELECT nextval(pg_get_serial_sequence('tasks', 'id')) AS id

@@ -60,6 +60,32 @@ SELECT * FROM tasks WHERE id = :id;
 -- Tasks of a kind still waiting to run (pending or ready): what a stage's bound limits.
 SELECT count(*) AS n FROM tasks WHERE kind = :kind AND state IN ('pending', 'ready');
 
+-- name: count_queued_of_flow
+-- Tasks of a kind and flow still waiting to run: what a stage's cap per flow limits.
+SELECT count(*) AS n FROM tasks
+WHERE kind = :kind AND state IN ('pending', 'ready') AND flow = :flow;
+
+-- name: count_queued_of_group
+-- Tasks of a kind and group still waiting to run: what a stage's cap per group limits.
+SELECT count(*) AS n FROM tasks WHERE grp = :grp AND state IN ('pending', 'ready') AND kind = :kind;
+
+-- name: stage_counts
+-- Of the kinds given (a JSON array): tasks waiting to run, and running or waiting on a remote job.
+SELECT kind,
+       sum(state IN ('pending', 'ready')) AS queued,
+       sum(state IN ('running', 'waiting')) AS active
+FROM tasks
+WHERE kind IN (SELECT value FROM json_each(:kinds))
+  AND state IN ('pending', 'ready', 'running', 'waiting')
+GROUP BY kind;
+
+-- name: mark_deferred
+-- A success a full stage had no room for: ready again at run_at, that attempt not counted.
+UPDATE tasks
+SET state = 'ready', run_at = :run_at, worker = NULL, lease_until = NULL, error_code = :code,
+    attempt_base = attempt_base + 1
+WHERE id = :id;
+
 -- name: dependents
 -- Who waits on a task (kept after its outcome: a redrive may restore them).
 SELECT task_id FROM task_deps WHERE dep_id = :dep_id ORDER BY task_id;
