@@ -13,13 +13,19 @@ from headrace.pipelines.moderation import samples
 from headrace.pipelines.moderation.media import MediaStore
 from headrace.pipelines.moderation.pipeline import (
     DERIVE_VERSION,
+    Admission,
     Item,
     ItemState,
     Moderation,
+    Phase,
+    Staff,
     derive_stage,
+    validate_stage,
 )
+from headrace.pipelines.moderation.probe import MediaClass
 from headrace.pipelines.moderation.scan import EICAR_NAME, BuiltinScanner
 from headrace.policy import ConfigError
+from headrace.policy.errors import QueueFull
 from headrace.store.types import TaskState
 
 pytestmark = pytest.mark.anyio
@@ -91,8 +97,6 @@ async def test_a_derive_run_again_reuses_what_the_first_made(
 
 
 def derive_stage_of(moderation: Moderation, media_id: str) -> str:
-    from headrace.pipelines.moderation.probe import MediaClass
-
     record = moderation.records.get(media_id)
     assert record.media_class is not None
     return derive_stage(MediaClass(record.media_class))
@@ -105,3 +109,133 @@ def test_events_and_sessions_are_labels_not_paths(bad: str, tmp_path: Path) -> N
         moderation.accept(io.BytesIO(b"x"), event=bad, session="s1")
     with pytest.raises(ConfigError, match="session"):
         moderation.accept(io.BytesIO(b"x"), event="gala", session=bad)
+
+
+def test_an_upload_waits_in_the_class_its_first_bytes_announce(
+    media_samples: dict[str, Path], tmp_path: Path
+) -> None:
+    moderation = Moderation(hr.App("memory://"), MediaStore(tmp_path), BuiltinScanner())
+    queued = {}
+    for name in ("photo.jpg", "clip.mp4", "song.mp3", "lying-extension.jpg", "eicar.txt"):
+        with media_samples[name].open("rb") as upload:
+            queued[name] = moderation.accept(upload, event="gala", session="s1").queued_as
+    assert queued == {
+        "photo.jpg": "image",
+        "clip.mp4": "video",
+        "song.mp3": "audio",
+        "lying-extension.jpg": "audio",  # a WAV, whatever its name says
+        "eicar.txt": "image",  # no known signature: validated at the cheapest class's cost
+    }
+
+
+async def test_admission_caps_waiting_uploads_per_session_and_per_event(
+    media_samples: dict[str, Path], tmp_path: Path
+) -> None:
+    app = hr.App("memory://")
+    admission = Admission(per_event=3, per_session=2)
+    moderation = Moderation(app, MediaStore(tmp_path), BuiltinScanner(), admission=admission)
+    photo = media_samples["photo.jpg"].read_bytes()
+
+    def upload(session: str) -> Item:
+        return moderation.accept(io.BytesIO(photo), event="gala", session=session)
+
+    async with app:
+        await moderation.submit(upload("heavy"))
+        await moderation.submit(upload("heavy"))
+        refused = upload("heavy")
+        with pytest.raises(QueueFull) as full:
+            await moderation.submit(refused)
+        assert (full.value.scope, full.value.label) == ("flow", "heavy")
+        light = upload("light")
+        await moderation.submit(light)  # another session still gets in
+        with pytest.raises(QueueFull) as full:
+            await moderation.submit(upload("third"))
+        assert (full.value.scope, full.value.label) == ("group", "gala")
+        # Accepted and kept: the refused upload waits as accepted, queued, for a later submit.
+        assert await moderation.phase(refused) is Phase.QUEUED
+        assert await moderation.phase(light) is Phase.QUEUED
+        await hr.Worker(app).drain()
+        await moderation.submit(refused)
+        await hr.Worker(app).drain()
+        assert await moderation.phase(refused) is Phase.DONE
+    assert moderation.records.get(refused.media_id).state is ItemState.REVIEWABLE
+
+
+async def test_an_item_is_processing_while_a_stage_runs_on_it(
+    media_samples: dict[str, Path], tmp_path: Path
+) -> None:
+    app = hr.App("memory://")
+    moderation = Moderation(app, MediaStore(tmp_path), BuiltinScanner())
+    async with app:
+        with media_samples["photo.jpg"].open("rb") as upload:
+            item = moderation.accept(upload, event="gala", session="s1")
+        await moderation.submit(item)
+        assert await moderation.phase(item) is Phase.QUEUED
+        [lease] = (await app.store.claim("w1", 1, lease_for=30.0)).leases
+        assert await moderation.phase(item) is Phase.PROCESSING
+        assert lease.task.kind == validate_stage(MediaClass.IMAGE)
+
+
+async def test_a_staff_upload_carries_its_weight_and_an_audit_row(
+    media_samples: dict[str, Path], tmp_path: Path
+) -> None:
+    app = hr.App("memory://")
+    moderation = Moderation(app, MediaStore(tmp_path), BuiltinScanner())
+    staff = Staff(weight=4, by="organiser", reason="official photographer")
+    async with app:
+        with media_samples["photo.jpg"].open("rb") as upload:
+            item = moderation.accept(upload, event="gala", session="crew", staff=staff)
+        await moderation.submit(item)
+        await hr.Worker(app).drain()
+        tasks = await app.store.tasks()
+    assert item.weight == 4.0
+    [row] = moderation.audit.rows(item.media_id)
+    assert (row["action"], row["by"], row["weight"], row["event"]) == (
+        "upload.weighted",
+        "organiser",
+        4.0,
+        "gala",
+    )
+    assert row["reason"] == "official photographer"
+    assert {t.kind.split(".")[1] for t in tasks} == {"validate", "scan", "derive"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"weight": 0}, "staff.weight"),
+        ({"weight": 1000}, "staff.weight"),
+        ({"by": "a b"}, "staff.by"),
+        ({"reason": ""}, "staff.reason"),
+    ],
+)
+def test_staff_grants_are_checked_by_field(fields: dict[str, object], field: str) -> None:
+    given: dict[str, object] = {"weight": 2, "by": "org", "reason": "host", **fields}
+    with pytest.raises(ConfigError, match=field):
+        Staff(**given)  # type: ignore[arg-type]
+
+
+async def test_two_decisions_on_one_item_converge_and_both_are_audited(
+    media_samples: dict[str, Path], tmp_path: Path
+) -> None:
+    app = hr.App("memory://")
+    moderation = Moderation(app, MediaStore(tmp_path), BuiltinScanner())
+    async with app:
+        with media_samples["photo.jpg"].open("rb") as upload:
+            item = moderation.accept(upload, event="gala", session="s1")
+        with pytest.raises(ConfigError, match="cannot be approved, it is accepted"):
+            moderation.review(item.media_id, approve=True, by="mod1")
+        await moderation.submit(item)
+        await hr.Worker(app).drain()
+    moderation.review(item.media_id, approve=True, by="mod1")
+    again = moderation.review(item.media_id, approve=True, by="mod2")
+    assert again.state is ItemState.APPROVED
+    with pytest.raises(ConfigError, match="cannot be rejected, it is approved"):
+        moderation.review(item.media_id, approve=False, by="mod2")
+    outcomes = [row["outcome"] for row in moderation.audit.rows(item.media_id)]
+    assert outcomes == [
+        "refused: item is accepted",
+        "applied",
+        "repeated",
+        "refused: item is approved",
+    ]

@@ -4,10 +4,18 @@ with a safe code) when validation does.
 
 An upload is accepted once its bytes are kept (`MediaStore.put`) and its item record is written;
 then its validate task is submitted, in the upload's event (the task's group) and contributor
-session (its flow: sessions share the stages fairly). Validation learns the item's class
-(image, audio, video) from its content; scan and derive run as stages of that class
-(`moderation.scan.video`, ...), declared with the class as their cost class, so a worker's video
-slots take only videos. Tasks carry the media id, never bytes, names or credentials.
+session (its flow: sessions share the stages fairly; a staff upload may carry a weight, written
+to the audit log). Every stage runs once per class (`moderation.validate.image`,
+`moderation.scan.video`, ...), declared with the class as its cost class, so a worker's video
+slots take only videos and a queue of videos never holds photos back: an upload waits for
+validation in the class its first bytes announce (`sniff`); validation decodes it and decides.
+Tasks carry the media id, never bytes, names or credentials.
+
+Admission (`Admission`): each validate stage holds at most so many waiting uploads per event
+and per session (`QueueFull` past them: the caller says "try later"), and each later stage a
+bound in all and per session, so one contributor cannot fill a stage for everyone. Each stage
+feeds the next: while scan is full, validation waits; while derive is full, scanning does. An
+item waiting in a stage is *queued*, one whose task runs is *processing* (`Moderation.phase`).
 
 Each item's record (`records/<media id>.json` in the media directory) says what a moderator
 sees: its state, class and format, the reason of an automatic flag, where its derivatives are.
@@ -22,6 +30,7 @@ import json
 import os
 import re
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import BinaryIO
@@ -29,13 +38,21 @@ from typing import BinaryIO
 import headrace as hr
 from headrace.pipelines.moderation.derive import derive
 from headrace.pipelines.moderation.media import MediaStore, TooLarge, check_media_id
-from headrace.pipelines.moderation.probe import DEFAULT_LIMITS, Limits, MediaClass, Refused, probe
+from headrace.pipelines.moderation.probe import (
+    DEFAULT_LIMITS,
+    Limits,
+    MediaClass,
+    Refused,
+    probe,
+    sniff,
+)
 from headrace.pipelines.moderation.scan import Scanner, ScanUnavailable
 from headrace.policy.errors import ConfigError
+from headrace.store.types import TaskState
 
 DERIVE_VERSION = 1
-VALIDATE = "moderation.validate"
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+MAX_STAFF_WEIGHT = 100.0
 
 
 class ItemState(enum.Enum):
@@ -43,8 +60,56 @@ class ItemState(enum.Enum):
     VALIDATED = "validated"  # its type and size are known and taken; scan next
     SCANNED = "scanned"  # clean; derivatives next
     REVIEWABLE = "reviewable"  # ready for a moderator
+    APPROVED = "approved"  # a moderator approved it
+    REJECTED = "rejected"  # a moderator rejected it
     QUARANTINED = "quarantined"  # the scan found something: never derived
     REFUSED = "refused"  # not media this pipeline takes (the reason is a safe code)
+
+    @property
+    def settled(self) -> bool:
+        """No stage has work left for it."""
+        return self not in (ItemState.ACCEPTED, ItemState.VALIDATED, ItemState.SCANNED)
+
+
+class Phase(enum.Enum):
+    """Where an item's work is: waiting for a stage, in one, or through them all."""
+
+    QUEUED = "queued"  # accepted, waiting its turn: the scheduler holds it on purpose
+    PROCESSING = "processing"  # a stage runs on it (or waits on a remote job for it)
+    DONE = "done"  # reviewable, decided, quarantined or refused
+
+
+@dataclass(frozen=True)
+class Admission:
+    """How much waiting work the pipeline takes. `per_event` and `per_session`: uploads waiting
+    for validation (in each class), past which `submit` raises QueueFull; `stage_bound`: tasks
+    waiting in each scan and derive stage, of which one session may hold `per_session`."""
+
+    per_event: int = 500
+    per_session: int = 25
+    stage_bound: int = 100
+
+
+@dataclass(frozen=True)
+class Staff:
+    """An upload by event staff, given `weight` times a session's share of turns: who granted
+    it and why go to the audit log with it."""
+
+    weight: float
+    by: str
+    reason: str
+
+    def __post_init__(self) -> None:
+        weight = self.weight
+        if isinstance(weight, bool) or not isinstance(weight, int | float):
+            raise ConfigError(f"staff.weight: expected a number, got {weight!r}")
+        if not 0 < weight <= MAX_STAFF_WEIGHT:
+            raise ConfigError(
+                f"staff.weight: expected > 0 and <= {MAX_STAFF_WEIGHT:g}, got {weight}"
+            )
+        check_label(self.by, "staff.by")
+        if not isinstance(self.reason, str) or not 0 < len(self.reason) <= 200:
+            raise ConfigError("staff.reason: expected 1 to 200 characters")
 
 
 @dataclass(frozen=True)
@@ -55,6 +120,8 @@ class Item:
     digest: str
     size: int
     state: ItemState = ItemState.ACCEPTED
+    queued_as: str = MediaClass.IMAGE.value  # the class it waits for validation in
+    weight: float = 1.0  # its share of its session's turns (a staff upload's may be more)
     media_class: str | None = None
     format: str | None = None
     reason: str | None = None  # a safe code, or the name of what the scan found
@@ -97,6 +164,40 @@ class Records:
         self.put(item)
         return item
 
+    def all(self) -> list[Item]:
+        if not self.root.is_dir():
+            return []
+        return [Item.from_json(path.read_text()) for path in sorted(self.root.glob("*.json"))]
+
+
+class AuditLog:
+    """Who did what to which item, appended one JSON line at a time (`audit.jsonl` in the media
+    directory) and flushed to disk before the act it records takes effect."""
+
+    def __init__(self, media: MediaStore) -> None:
+        self.path = media.root / "audit.jsonl"
+
+    def append(self, action: str, item: Item, by: str, **detail: object) -> None:
+        row = {
+            "at": time.time(),
+            "action": action,
+            "media_id": item.media_id,
+            "event": item.event,
+            "by": by,
+            **detail,
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(row, sort_keys=True) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def rows(self, media_id: str | None = None) -> list[dict[str, object]]:
+        if not self.path.exists():
+            return []
+        found = [json.loads(line) for line in self.path.read_text().splitlines() if line]
+        return [row for row in found if media_id is None or row["media_id"] == media_id]
+
 
 class Moderation:
     """The pipeline's stages, declared on `app`; `accept` takes uploads."""
@@ -108,38 +209,108 @@ class Moderation:
         scanner: Scanner,
         *,
         limits: Mapping[MediaClass, Limits] | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.app = app
         self.media = media
         self.records = Records(media)
+        self.audit = AuditLog(media)
         self.scanner = scanner
         self.limits = dict(limits or DEFAULT_LIMITS)
+        self.admission = admission or Admission()
         self._declare()
 
     # -- accepting
 
-    def accept(self, source: BinaryIO, *, event: str, session: str) -> Item:
+    def accept(
+        self, source: BinaryIO, *, event: str, session: str, staff: Staff | None = None
+    ) -> Item:
         """Keep an upload and write its record (state accepted); `submit` queues it. Raises
-        TooLarge past the largest size any class takes, with nothing kept."""
+        TooLarge past the largest size any class takes, with nothing kept. A `staff` upload's
+        weight is written to the audit log before the item exists."""
         check_label(event, "event")
         check_label(session, "session")
         blob = self.media.put(source, limit=max(limit.max_bytes for limit in self.limits.values()))
-        item = Item(self.media.new_media_id(), event, session, blob.digest, blob.size)
+        queued_as = sniff(self.media.blob_path(blob.digest)) or MediaClass.IMAGE
+        item = Item(
+            self.media.new_media_id(),
+            event,
+            session,
+            blob.digest,
+            blob.size,
+            queued_as=queued_as.value,
+            weight=1.0 if staff is None else float(staff.weight),
+        )
+        if staff is not None:
+            self.audit.append(
+                "upload.weighted", item, staff.by, weight=item.weight, reason=staff.reason
+            )
         self.records.put(item)
         return item
 
     async def submit(self, item: Item) -> int:
-        """Queue an accepted item's validation (once, whatever the retries of the caller)."""
-        return await self.app.definition(VALIDATE).submit(
-            item.media_id, group=item.event, flow=item.session, key=f"validate:{item.media_id}"
+        """Queue an accepted item's validation (once, whatever the retries of the caller).
+        Raises QueueFull when its event or session has as many uploads waiting as admitted."""
+        stage = self.app.definition(validate_stage(MediaClass(item.queued_as)))
+        spec = stage.spec(
+            item.media_id,
+            group=item.event,
+            flow=item.session,
+            key=f"validate:{item.media_id}",
+            weight=item.weight,
+        )
+        [task_id] = await self.app.submit([spec])
+        return task_id
+
+    async def phase(self, item: Item) -> Phase:
+        """Whether an item waits for a stage or is in one: its record says which stage, the
+        store whether that stage's task runs."""
+        item = self.records.get(item.media_id)
+        if item.state.settled:
+            return Phase.DONE
+        stage = {ItemState.ACCEPTED: "validate", ItemState.VALIDATED: "scan"}.get(
+            item.state, "derive"
+        )
+        task = await self.app.store.find(f"{stage}:{item.media_id}")
+        if task is None or task.state in (TaskState.PENDING, TaskState.READY):
+            return Phase.QUEUED
+        return Phase.PROCESSING
+
+    def review(self, media_id: str, *, approve: bool, by: str) -> Item:
+        """A moderator's decision on a reviewable item: the first one stands, a repeat of it is
+        a no-op, every attempt goes to the audit log."""
+        check_label(by, "by")
+        item = self.records.get(media_id)
+        wanted = ItemState.APPROVED if approve else ItemState.REJECTED
+        if item.state is ItemState.REVIEWABLE:
+            self.audit.append(f"review.{wanted.value}", item, by, outcome="applied")
+            return self.records.update(media_id, state=wanted)
+        outcome = "repeated" if item.state is wanted else f"refused: item is {item.state.value}"
+        self.audit.append(f"review.{wanted.value}", item, by, outcome=outcome)
+        if item.state is wanted:
+            return item
+        raise ConfigError(
+            f"media id {media_id}: cannot be {wanted.value}, it is {item.state.value}"
         )
 
     # -- stages
 
     def _declare(self) -> None:
-        app = self.app
+        for media_class in MediaClass:
+            self._declare_class(media_class)
 
-        @app.task(name=VALIDATE, max_attempts=3)
+    def _declare_class(self, media_class: MediaClass) -> None:
+        app, admitted, cost_class = self.app, self.admission, media_class.value
+
+        @app.task(
+            name=validate_stage(media_class),
+            cost_class=cost_class,
+            max_attempts=3,
+            per_flow=admitted.per_session,
+            per_group=admitted.per_event,
+            on_full="refuse",
+            feeds=[scan_stage(media_class)],
+        )
         def validate(ctx: hr.Context, media_id: str) -> None:
             item = self.records.get(media_id)
             try:
@@ -147,6 +318,11 @@ class Moderation:
             except Refused as refused:
                 self.records.update(media_id, state=ItemState.REFUSED, reason=refused.code)
                 raise hr.Fatal(refused.message, code=refused.code) from None
+            # If scan has no room when this ends, the attempt is deferred: it runs again later
+            # and writes the same record.
+            ctx.spawn(
+                scan_stage(found.media_class), media_id, key=f"scan:{media_id}", weight=item.weight
+            )
             self.records.update(
                 media_id,
                 state=ItemState.VALIDATED,
@@ -154,15 +330,15 @@ class Moderation:
                 format=found.format,
                 metadata=found.as_dict(),
             )
-            ctx.spawn(scan_stage(found.media_class), media_id)
 
-        for media_class in MediaClass:
-            self._declare_class(media_class)
-
-    def _declare_class(self, media_class: MediaClass) -> None:
-        app = self.app
-
-        @app.task(name=scan_stage(media_class), cost_class=media_class.value, max_attempts=5)
+        @app.task(
+            name=scan_stage(media_class),
+            cost_class=cost_class,
+            max_attempts=5,
+            bound=admitted.stage_bound,
+            per_flow=admitted.per_session,
+            feeds=[derive_stage(media_class)],
+        )
         def scan(ctx: hr.Context, media_id: str) -> None:
             item = self.records.get(media_id)
             try:
@@ -172,10 +348,18 @@ class Moderation:
             if verdict.infected:
                 self.records.update(media_id, state=ItemState.QUARANTINED, reason=verdict.signature)
                 return
+            ctx.spawn(
+                derive_stage(media_class), media_id, key=f"derive:{media_id}", weight=item.weight
+            )
             self.records.update(media_id, state=ItemState.SCANNED)
-            ctx.spawn(derive_stage(media_class), media_id)
 
-        @app.task(name=derive_stage(media_class), cost_class=media_class.value, max_attempts=3)
+        @app.task(
+            name=derive_stage(media_class),
+            cost_class=cost_class,
+            max_attempts=3,
+            bound=admitted.stage_bound,
+            per_flow=admitted.per_session,
+        )
         def make_derivatives(ctx: hr.Context, media_id: str) -> None:
             item = self.records.get(media_id)
             original = self.media.blob_path(item.digest)
@@ -192,6 +376,10 @@ class Moderation:
                 derived=str(relative.path.relative_to(self.media.root)),
                 metadata=metadata,
             )
+
+
+def validate_stage(media_class: MediaClass) -> str:
+    return f"moderation.validate.{media_class.value}"
 
 
 def scan_stage(media_class: MediaClass) -> str:
@@ -211,12 +399,17 @@ def check_label(value: str, field: str) -> str:
 
 __all__ = [
     "DERIVE_VERSION",
+    "Admission",
+    "AuditLog",
     "Item",
     "ItemState",
     "Moderation",
+    "Phase",
     "Records",
+    "Staff",
     "TooLarge",
     "check_label",
     "derive_stage",
     "scan_stage",
+    "validate_stage",
 ]

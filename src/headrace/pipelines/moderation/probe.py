@@ -226,16 +226,31 @@ def _frame_end(frame: av.AudioFrame | av.VideoFrame, stream: av.stream.Stream) -
 
 def _looks_like_media(path: Path) -> bool:
     """Whether the file starts with the signature of a format taken (content, not name)."""
+    return sniff(path) is not None
+
+
+def sniff(path: Path) -> MediaClass | None:
+    """The class a file's first bytes announce (its format's signature), or None: where an
+    upload waits for validation, read without decoding anything. `probe` has the last word: a
+    file may announce one class and turn out another (an MP4 with sound only is audio)."""
     with path.open("rb") as handle:
         head = handle.read(16)
-    return (
+    if (
         head[:3] == b"\xff\xd8\xff"  # JPEG
         or head[:8] == b"\x89PNG\r\n\x1a\n"
         or head[:4] == b"GIF8"
         or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")
-        or head[4:8] == b"ftyp"  # MP4 / MOV
-        or (head[:4] == b"RIFF" and head[8:12] == b"WAVE")
+    ):
+        return MediaClass.IMAGE
+    if head[4:8] == b"ftyp":  # MP4 / MOV; the M4A brand is sound only
+        return MediaClass.AUDIO if head[8:11] == b"M4A" else MediaClass.VIDEO
+    if head[:4] == b"\x1aE\xdf\xa3":  # Matroska / WebM
+        return MediaClass.VIDEO
+    if (
+        (head[:4] == b"RIFF" and head[8:12] == b"WAVE")
         or head[:3] == b"ID3"  # MP3 with tags
         or (len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0)  # MPEG audio frame
-        or head[:4] in (b"OggS", b"fLaC", b"\x1aE\xdf\xa3")  # Ogg, FLAC, Matroska/WebM
-    )
+        or head[:4] in (b"OggS", b"fLaC")
+    ):
+        return MediaClass.AUDIO
+    return None
