@@ -10,6 +10,7 @@ comes back at the current virtual time rather than with saved-up credit.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
@@ -38,9 +39,21 @@ def service(weight: float = 1.0) -> float:
     return SERVICE_PER_TASK / check_weight(weight)
 
 
-def tag(virtual_time: float, flow_finish: float, weight: float = 1.0) -> Tagged:
+def tag(
+    virtual_time: float, flow_finish: float, weight: float = 1.0, continues: float | None = None
+) -> Tagged:
     """The start tag of a new task and its flow's finish tag afterwards. (The PostgreSQL
-    store's one-statement submit applies the same rule in SQL, with `service` from here.)"""
+    store's one-statement submit applies the same rule in SQL, with `service` from here.)
+
+    `continues`: the tag of the task whose work this one carries on (the next stage of the
+    same item). It takes no new turn from its flow and does not queue behind its flow's
+    backlog: it starts just after the virtual time (or that tag, if later). So an item started
+    goes through its stages before its flow's later items start, and a flow that joins now
+    (tagged at the virtual time) still goes before it: work in progress never keeps a
+    newcomer's first task waiting."""
+    if continues is not None:
+        start = math.nextafter(max(virtual_time, continues), math.inf)
+        return Tagged(start=start, flow_finish=flow_finish)
     start = max(virtual_time, flow_finish)
     return Tagged(start=start, flow_finish=start + service(weight))
 

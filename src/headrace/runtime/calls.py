@@ -71,3 +71,12 @@ async def call(
         if scope.expired():
             raise timed_out(limit) from None
         raise
+
+
+async def off_loop(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """`fn(*args, **kwargs)` in a daemon thread of its own, awaited: what an async handler uses
+    for blocking or CPU work. Unlike `asyncio.to_thread` it waits for no pool's free thread, so
+    a short call never queues behind another handler's long one."""
+    context = contextvars.copy_context()
+    work = functools.partial(context.run, fn, *args, **kwargs)
+    return await asyncio.get_running_loop().run_in_executor(_THREADS, work)

@@ -64,12 +64,15 @@ class Context:
         key: str | None = None,
         cost: float | None = None,
         weight: float = 1.0,
+        continues: bool = False,
     ) -> Sibling:
         """A successor task; returns a handle that later successors can name in `after`.
         Group, flow and tier default to this task's; the key defaults to one derived from this
         task and the successor, so a successor is never created twice. `weight`: its share of
-        its flow's turns (fairness), 1 unless given. If its stage has no room when this task
-        ends, this task is deferred: it runs again later, its attempt not counted."""
+        its flow's turns (fairness), 1 unless given. `continues`: it carries this task's item on to
+        its next stage, so it keeps this task's place in its flow's line instead of going to
+        the back of it. If its stage has no room when this task ends, this task is deferred: it
+        runs again later, its attempt not counted."""
         target = self.app.definition(definition) if isinstance(definition, str) else definition
         spec = target.spec(
             ref,
@@ -80,6 +83,8 @@ class Context:
             cost=cost,
             weight=weight,
         )
+        if continues:
+            spec = replace(spec, continues=self.task.tag)
         self.successors.append(replace(spec, after=tuple(after)))
         return Sibling(len(self.successors) - 1)
 

@@ -19,6 +19,9 @@ from typing import TypeVar
 import click
 from rich.console import Console
 
+from headrace.pipelines.moderation.burst import Burst
+from headrace.pipelines.moderation.pipeline import Admission
+from headrace.pipelines.moderation.scan import ClamdScanner
 from headrace.pipelines.providersim import parse_inject, parse_quotas, parse_spreads, run_server
 from headrace.pipelines.studio_scenario import Scenario
 from headrace.policy.durations import seconds
@@ -31,6 +34,7 @@ from headrace.service.demo import DemoOptions, run_demo
 from headrace.service.dlq import dead_letters, letters_table
 from headrace.service.dlq import show as show_task
 from headrace.service.failures import CommandGroup, WrongInput, use_store
+from headrace.service.moderation_demo import ModerationDemoOptions, run_moderation_demo
 from headrace.store.urls import upgrade_schema
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -79,7 +83,7 @@ def main(verbose: int, log_format: str) -> None:
     logs.configure(verbose=verbose, log_format=log_format)
 
 
-@main.command()
+@main.group(cls=CommandGroup, invoke_without_command=True)
 @click.option("--db", help="Store URL or SQLite file (default: a new file in a temp dir).")
 @click.option("--window", default="6s", show_default=True, help="Quota window ('60s' is real).")
 @click.option(
@@ -107,9 +111,12 @@ def demo(
     no_progress: bool,
 ) -> None:
     """Run the studio pipeline: five episodes, a low batch and a rush episode, under quota.
+    `headrace demo moderation` runs the moderation pipeline on a burst of real media.
 
     The demo needs a store of its own: without --db a new file in a temporary directory
     (HEADRACE_URL is not read, so the demo never writes into a deployment's store)."""
+    if ctx.invoked_subcommand is not None:
+        return
     logs.quiet_unless(ctx.find_root().params["verbose"])  # the report is the demo's output
     try:
         faults = parse_inject(inject) if inject else frozenset[str]()
@@ -129,6 +136,119 @@ def demo(
     options = DemoOptions(scenario, url, faults, json_path, not no_progress)
     report = asyncio.run(run_demo(options, Console()))
     if not report.all_succeeded and not faults:
+        sys.exit(1)
+
+
+@demo.command("moderation")
+@click.option(
+    "--crowd",
+    default=Burst.crowd_sessions,
+    show_default=True,
+    type=click.IntRange(1, 500),
+    help="Sessions that send photos at the same moment.",
+)
+@click.option(
+    "--photos",
+    default=Burst.crowd_photos,
+    show_default=True,
+    type=click.IntRange(1, 100),
+    help="Photos each crowd session sends.",
+)
+@click.option(
+    "--heavy",
+    default=Burst.heavy_photos,
+    show_default=True,
+    type=click.IntRange(0, 1000),
+    help="Photos the one heavy contributor sends.",
+)
+@click.option(
+    "--latecomers", default=Burst.latecomers, show_default=True, type=click.IntRange(0, 500)
+)
+@click.option("--videos", default=Burst.videos, show_default=True, type=click.IntRange(0, 100))
+@click.option("--voice", default=Burst.voice_notes, show_default=True, type=click.IntRange(0, 100))
+@click.option(
+    "--per-session",
+    default=Admission.per_session,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="Uploads one session may have waiting.",
+)
+@click.option(
+    "--per-event",
+    default=Admission.per_event,
+    show_default=True,
+    type=click.IntRange(1, 1_000_000),
+    help="Uploads the event may have waiting.",
+)
+@click.option(
+    "--stage-bound",
+    default=Admission.stage_bound,
+    show_default=True,
+    type=click.IntRange(1, 1_000_000),
+    help="Tasks each scan and derive stage holds.",
+)
+@click.option(
+    "--clamd",
+    metavar="SOCKET|HOST:PORT",
+    help="Scan with clamd there (default: the built-in EICAR and deny-list scanner).",
+)
+@click.option(
+    "--chart",
+    type=click.Path(path_type=Path),
+    default=Path("headrace-moderation.png"),
+    show_default=True,
+    help="Where to draw the stage depths over time.",
+)
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Save the report.")
+@click.option("--no-fifo", is_flag=True, help="Skip the FIFO run beside it.")
+@click.option("--no-progress", is_flag=True, help="No live progress bars.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.pass_context
+def demo_moderation(
+    ctx: click.Context,
+    crowd: int,
+    photos: int,
+    heavy: int,
+    latecomers: int,
+    videos: int,
+    voice: int,
+    per_session: int,
+    per_event: int,
+    stage_bound: int,
+    clamd: str | None,
+    chart: Path,
+    json_path: Path | None,
+    no_fifo: bool,
+    no_progress: bool,
+    seed: int,
+) -> None:
+    """Run the moderation pipeline on an event-shaped burst of real media, then the same burst
+    in one FIFO queue, and compare: time to the first reviewable photo, queue age by class,
+    duplicate derivatives, fairness across sessions, stage depths (drawn to --chart)."""
+    logs.quiet_unless(ctx.find_root().params["verbose"])
+    scanner = None
+    if clamd is not None:
+        scanner = ClamdScanner(clamd)
+        if not scanner.ping():
+            raise WrongInput(
+                f"--clamd {clamd}: no clamd answers there; start clamd or leave "
+                "--clamd out to use the built-in scanner"
+            )
+    burst = Burst(
+        crowd_sessions=crowd,
+        crowd_photos=photos,
+        heavy_photos=heavy,
+        latecomers=latecomers,
+        videos=videos,
+        voice_notes=voice,
+        seed=seed,
+    )
+    admission = Admission(per_event=per_event, per_session=per_session, stage_bound=stage_bound)
+    options = ModerationDemoOptions(
+        burst, admission, scanner, chart, json_path, progress=not no_progress, fifo=not no_fifo
+    )
+    reports = asyncio.run(run_moderation_demo(options, Console()))
+    if reports["fair"].duplicate_derivatives:
         sys.exit(1)
 
 

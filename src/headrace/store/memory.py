@@ -173,7 +173,7 @@ class MemoryStore:
     def _insert(self, task: NewTask, after: list[int], now: float) -> int:
         task_id = next(self._ids)
         tagged = fairness.tag(
-            self._virtual_time, self._flow_finish.get(task.flow, 0.0), task.weight
+            self._virtual_time, self._flow_finish.get(task.flow, 0.0), task.weight, task.continues
         )
         self._flow_finish[task.flow] = tagged.flow_finish
         unmet = {d for d in after if self._tasks[d].state is not TaskState.SUCCEEDED}

@@ -58,7 +58,9 @@ class NewTask:
     sees it: `kind`, `ref` and `flow` are non-empty strings (`ref` at most 512 characters),
     `group` and `key` a non-empty string or None, `gates` distinct non-empty names, `after` task
     ids or `Sibling`s, `max_attempts` a whole number >= 1, `cost` a finite number >= 0, `delay`
-    seconds from 0 to `MAX_DELAY`, `weight` a finite number > 0.
+    seconds from 0 to `MAX_DELAY`, `weight` a finite number > 0. `continues`: the fair tag of
+    the task whose item this one carries on (policy/fairness.py: it keeps that place in its
+    flow's line); a finite number >= 0 or None.
     """
 
     kind: str
@@ -73,6 +75,7 @@ class NewTask:
     max_attempts: int = 5
     delay: float = 0.0
     weight: float = 1.0
+    continues: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("kind", "ref", "flow"):
@@ -102,6 +105,8 @@ class NewTask:
         if not isinstance(self.tier, Tier):
             raise ConfigError(f"task.tier: expected a Tier, got {self.tier!r}")
         _check_amount("weight", self.weight, above_zero=True)
+        if self.continues is not None:
+            _check_amount("continues", self.continues)
 
     @property
     def gate_key(self) -> str:

@@ -121,24 +121,40 @@ class MediaStore:
         into place when the block ends without an error. When they exist already (an earlier
         attempt made them) the block gets those, with `created` False, and should reuse them.
         An error in the block leaves nothing behind."""
+        made = self.begin_deriving(media_id, stage, version)
+        if not made.created:
+            yield made
+            return
+        try:
+            yield made
+            self.finish_deriving(made, media_id, stage, version)
+        finally:
+            shutil.rmtree(made.path, ignore_errors=True)
+
+    def begin_deriving(self, media_id: str, stage: str, version: int) -> Derived:
+        """The derivatives (media id, stage version) has (`created` False), or a fresh
+        directory to write them in (`created` True): `finish_deriving` puts it in place, and
+        the caller removes it if it never does."""
         final = self._derived_path(media_id, stage, version)
         if final.is_dir():
-            yield Derived(final, created=False)
-            return
+            return Derived(final, created=False)
         final.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+        return Derived(Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent)), True)
+
+    def finish_deriving(self, made: Derived, media_id: str, stage: str, version: int) -> Derived:
+        """Flush what `made` holds and rename it into place, unless another attempt got there
+        first (then its set stands and this one is dropped); return the set in place."""
+        final = self._derived_path(media_id, stage, version)
+        for written in made.path.iterdir():
+            with written.open("rb") as handle:
+                os.fsync(handle.fileno())
         try:
-            yield Derived(work, created=True)
-            for written in work.iterdir():
-                with written.open("rb") as handle:
-                    os.fsync(handle.fileno())
-            try:
-                os.rename(work, final)  # fails when another attempt got there first
-            except OSError:
-                if not final.is_dir():
-                    raise
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+            os.rename(made.path, final)  # fails when another attempt got there first
+        except OSError:
+            if not final.is_dir():
+                raise
+            shutil.rmtree(made.path, ignore_errors=True)
+        return Derived(final, created=False)
 
     def _derived_path(self, media_id: str, stage: str, version: int) -> Path:
         if not _STAGE.fullmatch(stage):

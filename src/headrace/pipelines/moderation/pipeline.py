@@ -26,28 +26,33 @@ record is rewritten whole, and derivatives are made once per (media id, stage ve
 from __future__ import annotations
 
 import enum
+import io
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
-from typing import BinaryIO
+from pathlib import Path
+from typing import Any, BinaryIO, Literal, Protocol
 
 import headrace as hr
-from headrace.pipelines.moderation.derive import derive
-from headrace.pipelines.moderation.media import MediaStore, TooLarge, check_media_id
+from headrace.pipelines.moderation.derive import METADATA, derive
+from headrace.pipelines.moderation.media import Derived, MediaStore, TooLarge, check_media_id
 from headrace.pipelines.moderation.probe import (
     DEFAULT_LIMITS,
     Limits,
     MediaClass,
+    Probed,
     Refused,
     probe,
     sniff,
 )
-from headrace.pipelines.moderation.scan import Scanner, ScanUnavailable
+from headrace.pipelines.moderation.scan import Scanner, ScanUnavailable, Verdict
 from headrace.policy.errors import ConfigError
+from headrace.runtime.calls import off_loop
 from headrace.store.types import TaskState
 
 DERIVE_VERSION = 1
@@ -138,10 +143,18 @@ class Item:
 
 
 class Records:
-    """Item records in the media directory, each rewritten whole and renamed into place."""
+    """Item records in the media directory, each rewritten whole and renamed into place (and
+    flushed to disk first, unless not `durable`: for simulations on a scratch directory)."""
 
-    def __init__(self, media: MediaStore) -> None:
+    def __init__(self, media: MediaStore, *, durable: bool = True) -> None:
         self.root = media.root / "records"
+        self.durable = durable
+
+    async def read(self, media_id: str) -> Item:
+        return await off_loop(self.get, media_id)
+
+    async def write(self, media_id: str, **changes: object) -> Item:
+        return await off_loop(self.update, media_id, **changes)
 
     def get(self, media_id: str) -> Item:
         path = self.root / f"{check_media_id(media_id)}.json"
@@ -156,7 +169,8 @@ class Records:
         with os.fdopen(descriptor, "w") as handle:
             handle.write(item.as_json())
             handle.flush()
-            os.fsync(handle.fileno())
+            if self.durable:
+                os.fsync(handle.fileno())
         os.replace(temporary, self.root / f"{check_media_id(item.media_id)}.json")
 
     def update(self, media_id: str, **changes: object) -> Item:
@@ -199,8 +213,13 @@ class AuditLog:
         return [row for row in found if media_id is None or row["media_id"] == media_id]
 
 
+Order = Literal["fair", "fifo"]
+
+
 class Moderation:
-    """The pipeline's stages, declared on `app`; `accept` takes uploads."""
+    """The pipeline's stages, declared on `app`; `accept` takes uploads. `order="fifo"` declares
+    them as one arrival-order queue over shared slots, with no caps: the baseline the burst
+    report compares with. `work`: what the stages do to files (`RealWork` unless given)."""
 
     def __init__(
         self,
@@ -210,14 +229,20 @@ class Moderation:
         *,
         limits: Mapping[MediaClass, Limits] | None = None,
         admission: Admission | None = None,
+        order: Order = "fair",
+        work: MediaWork | None = None,
+        durable: bool = True,
     ) -> None:
+        if order not in ("fair", "fifo"):
+            raise ConfigError(f"moderation.order: expected 'fair' or 'fifo', got {order!r}")
         self.app = app
         self.media = media
-        self.records = Records(media)
+        self.records = Records(media, durable=durable)
         self.audit = AuditLog(media)
-        self.scanner = scanner
         self.limits = dict(limits or DEFAULT_LIMITS)
+        self.work: MediaWork = work or RealWork(scanner, self.limits)
         self.admission = admission or Admission()
+        self.order = order
         self._declare()
 
     # -- accepting
@@ -248,6 +273,12 @@ class Moderation:
         self.records.put(item)
         return item
 
+    def accept_bytes(
+        self, data: bytes, *, event: str, session: str, staff: Staff | None = None
+    ) -> Item:
+        """`accept` for an upload already in memory."""
+        return self.accept(io.BytesIO(data), event=event, session=session, staff=staff)
+
     async def submit(self, item: Item) -> int:
         """Queue an accepted item's validation (once, whatever the retries of the caller).
         Raises QueueFull when its event or session has as many uploads waiting as admitted."""
@@ -255,7 +286,7 @@ class Moderation:
         spec = stage.spec(
             item.media_id,
             group=item.event,
-            flow=item.session,
+            flow=item.session if self.order == "fair" else "arrival",
             key=f"validate:{item.media_id}",
             weight=item.weight,
         )
@@ -300,30 +331,29 @@ class Moderation:
             self._declare_class(media_class)
 
     def _declare_class(self, media_class: MediaClass) -> None:
-        app, admitted, cost_class = self.app, self.admission, media_class.value
-
-        @app.task(
-            name=validate_stage(media_class),
-            cost_class=cost_class,
-            max_attempts=3,
-            per_flow=admitted.per_session,
-            per_group=admitted.per_event,
-            on_full="refuse",
-            feeds=[scan_stage(media_class)],
+        app, records, work = self.app, self.records, self.work
+        validate_options, scan_options, derive_options = stage_options(
+            media_class, self.admission, self.order
         )
-        def validate(ctx: hr.Context, media_id: str) -> None:
-            item = self.records.get(media_id)
+
+        @app.task(name=validate_stage(media_class), max_attempts=3, **validate_options)
+        async def validate(ctx: hr.Context, media_id: str) -> None:
+            item = await records.read(media_id)
             try:
-                found = probe(self.media.blob_path(item.digest), self.limits)
+                found = await work.probe(self.media.blob_path(item.digest))
             except Refused as refused:
-                self.records.update(media_id, state=ItemState.REFUSED, reason=refused.code)
+                await records.write(media_id, state=ItemState.REFUSED, reason=refused.code)
                 raise hr.Fatal(refused.message, code=refused.code) from None
             # If scan has no room when this ends, the attempt is deferred: it runs again later
             # and writes the same record.
             ctx.spawn(
-                scan_stage(found.media_class), media_id, key=f"scan:{media_id}", weight=item.weight
+                scan_stage(found.media_class),
+                media_id,
+                key=f"scan:{media_id}",
+                weight=item.weight,
+                continues=True,  # an item started goes on before new ones start
             )
-            self.records.update(
+            await records.write(
                 media_id,
                 state=ItemState.VALIDATED,
                 media_class=found.media_class.value,
@@ -331,51 +361,99 @@ class Moderation:
                 metadata=found.as_dict(),
             )
 
-        @app.task(
-            name=scan_stage(media_class),
-            cost_class=cost_class,
-            max_attempts=5,
-            bound=admitted.stage_bound,
-            per_flow=admitted.per_session,
-            feeds=[derive_stage(media_class)],
-        )
-        def scan(ctx: hr.Context, media_id: str) -> None:
-            item = self.records.get(media_id)
+        @app.task(name=scan_stage(media_class), max_attempts=5, **scan_options)
+        async def scan(ctx: hr.Context, media_id: str) -> None:
+            item = await records.read(media_id)
             try:
-                verdict = self.scanner.scan(self.media.blob_path(item.digest))
+                verdict = await work.scan(self.media.blob_path(item.digest))
             except ScanUnavailable as error:
                 raise hr.Transient(str(error), code="scan.unavailable") from None
             if verdict.infected:
-                self.records.update(media_id, state=ItemState.QUARANTINED, reason=verdict.signature)
+                await records.write(media_id, state=ItemState.QUARANTINED, reason=verdict.signature)
                 return
             ctx.spawn(
-                derive_stage(media_class), media_id, key=f"derive:{media_id}", weight=item.weight
+                derive_stage(media_class),
+                media_id,
+                key=f"derive:{media_id}",
+                weight=item.weight,
+                continues=True,
             )
-            self.records.update(media_id, state=ItemState.SCANNED)
+            await records.write(media_id, state=ItemState.SCANNED)
 
-        @app.task(
-            name=derive_stage(media_class),
-            cost_class=cost_class,
-            max_attempts=3,
-            bound=admitted.stage_bound,
-            per_flow=admitted.per_session,
-        )
-        def make_derivatives(ctx: hr.Context, media_id: str) -> None:
-            item = self.records.get(media_id)
-            original = self.media.blob_path(item.digest)
-            with self.media.deriving(media_id, "derive", DERIVE_VERSION) as made:
-                if made.created:
-                    metadata = derive(original, probe(original, self.limits), made.path)
-                else:  # an earlier attempt made them: reuse, never a second set
-                    metadata = json.loads(made.file("metadata.json").read_text())
-            relative = self.media.derived(media_id, "derive", DERIVE_VERSION)
-            assert relative is not None
-            self.records.update(
+        @app.task(name=derive_stage(media_class), max_attempts=3, **derive_options)
+        async def make_derivatives(ctx: hr.Context, media_id: str) -> None:
+            item = await records.read(media_id)
+            made = await self._derivatives(item)
+            await records.write(
                 media_id,
                 state=ItemState.REVIEWABLE,
-                derived=str(relative.path.relative_to(self.media.root)),
-                metadata=metadata,
+                derived=str(made.path.relative_to(self.media.root)),
+                metadata=json.loads(made.file(METADATA).read_text()),
             )
+
+    async def _derivatives(self, item: Item) -> Derived:
+        """(media id, stage version)'s derivatives: made once, reused by every later attempt
+        (a worker that died after making them, a racing second attempt)."""
+        made = await off_loop(self.media.begin_deriving, item.media_id, "derive", DERIVE_VERSION)
+        if not made.created:
+            return made
+        try:
+            await self.work.derive(self.media.blob_path(item.digest), made.path)
+            return await off_loop(
+                self.media.finish_deriving, made, item.media_id, "derive", DERIVE_VERSION
+            )
+        finally:
+            await off_loop(shutil.rmtree, made.path, ignore_errors=True)
+
+
+class MediaWork(Protocol):
+    """What the stages do to an item's original, awaited (CPU work off the event loop).
+    `derive` writes the derivatives into `into`, their metadata as `metadata.json` among them."""
+
+    async def probe(self, original: Path) -> Probed: ...
+
+    async def scan(self, original: Path) -> Verdict: ...
+
+    async def derive(self, original: Path, into: Path) -> None: ...
+
+
+class RealWork:
+    """The media code: Pillow and PyAV to probe and derive, a `Scanner` to scan."""
+
+    def __init__(self, scanner: Scanner, limits: Mapping[MediaClass, Limits]) -> None:
+        self.scanner = scanner
+        self.limits = dict(limits)
+
+    async def probe(self, original: Path) -> Probed:
+        return await off_loop(probe, original, self.limits)
+
+    async def scan(self, original: Path) -> Verdict:
+        return await off_loop(self.scanner.scan, original)
+
+    async def derive(self, original: Path, into: Path) -> None:
+        await off_loop(lambda: derive(original, probe(original, self.limits), into))
+
+
+def stage_options(
+    media_class: MediaClass, admission: Admission, order: Order
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The options of a class's validate, scan and derive stages. `fair`: the class's worker
+    slots, admission caps, bounds, each stage feeding the next. `fifo` (a baseline to compare
+    with): one queue in arrival order, shared slots, no caps."""
+    if order == "fifo":
+        return {}, {}, {}
+    shared = {"cost_class": media_class.value, "per_flow": admission.per_session}
+    bounded = {**shared, "bound": admission.stage_bound}
+    return (
+        {
+            **shared,
+            "per_group": admission.per_event,
+            "on_full": "refuse",
+            "feeds": [scan_stage(media_class)],
+        },
+        {**bounded, "feeds": [derive_stage(media_class)]},
+        bounded,
+    )
 
 
 def validate_stage(media_class: MediaClass) -> str:
@@ -403,13 +481,17 @@ __all__ = [
     "AuditLog",
     "Item",
     "ItemState",
+    "MediaWork",
     "Moderation",
+    "Order",
     "Phase",
+    "RealWork",
     "Records",
     "Staff",
     "TooLarge",
     "check_label",
     "derive_stage",
     "scan_stage",
+    "stage_options",
     "validate_stage",
 ]

@@ -26,6 +26,7 @@ EICAR = b"X5O!P%@AP[4\\PZX54(P^)7CC)7}$" + b"EICAR-STANDARD-ANTIVIRUS-TEST-FILE!
 GPS_IFD = 0x8825
 GPS_LATITUDE_REF = 1
 GPS_LATITUDE = 2
+LOOKS = 16  # distinct pictures a sample video cycles through
 
 
 def photo(width: int = 640, height: int = 480, *, shade: int = 0) -> Image.Image:
@@ -97,8 +98,10 @@ def mp4(seconds: float = 1.0, width: int = 320, height: int = 240, *, fps: int =
         video.options = {"preset": "ultrafast"}
         audio = container.add_stream("aac", rate=22_050)
         frames = max(1, int(seconds * fps))
+        looks = [photo(width, height, shade=n * 8) for n in range(min(frames, LOOKS))]
         for n in range(frames):
-            frame = av.VideoFrame.from_image(photo(width, height, shade=n * 8))  # type: ignore[no-untyped-call]
+            frame = av.VideoFrame.from_image(looks[n % len(looks)])  # type: ignore[no-untyped-call]
+            frame.pts = n
             for packet in video.encode(frame):
                 container.mux(packet)
         for packet in video.encode():

@@ -216,7 +216,9 @@ class Submission(Tickets):
         finish = {flow: locked[flow] for flow in flows}
         virtual_time = await self.virtual_time()
         for p in planned:
-            tagged = fairness.tag(virtual_time, finish[p.task.flow], p.task.weight)
+            tagged = fairness.tag(
+                virtual_time, finish[p.task.flow], p.task.weight, p.task.continues
+            )
             finish[p.task.flow] = tagged.flow_finish
             p.tag = tagged.start
         self._finishes = {flow: finish[flow] for flow in flows}  # written with the insert

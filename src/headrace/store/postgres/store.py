@@ -409,12 +409,16 @@ def _spawns(outcome: Outcome) -> bool:
 
 def _plain(batch: Sequence[NewTask], bounded: Collection[str]) -> bool:
     """A batch `submit_plain` can take: no keys, no dependencies, no kind whose stage has
-    limits (`bounded`), one task per flow (each task's tag is then its flow's first)."""
+    limits (`bounded`), no task that continues another's place in line, one task per flow (each
+    task's tag is then its flow's first)."""
     flows = {task.flow for task in batch}
     return (
         bool(batch)
         and len(flows) == len(batch)
-        and not any(task.key is not None or task.after or task.kind in bounded for task in batch)
+        and not any(
+            task.key is not None or task.after or task.kind in bounded or task.continues is not None
+            for task in batch
+        )
     )
 
 
