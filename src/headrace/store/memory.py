@@ -85,7 +85,10 @@ class MemoryStore:
         self._attempts: dict[int, list[Attempt]] = defaultdict(list)
         # Indexes over _tasks, kept by _put. Heap entries go stale rather than being removed:
         # an entry counts only while it still describes its task.
-        self._ready: dict[str, list[tuple[int, float, int]]] = defaultdict(list)  # by gate key
+        # Ready queues by (kind, gate key): a claim leaves out a whole queue whose gates refused
+        # or whose kind has no room left in the claim.
+        self._ready: dict[tuple[str, str], list[tuple[int, float, int]]] = defaultdict(list)
+        self._by_state: Counter[tuple[str, TaskState]] = Counter()  # tasks by (kind, state)
         self._delayed: list[tuple[float, int]] = []  # ready, but not before run_at
         self._aging: list[tuple[float, int]] = []  # ready below the aging ceiling
         self._running: set[int] = set()
@@ -215,6 +218,9 @@ class MemoryStore:
     def _put(self, record: TaskRecord) -> None:
         old = self._tasks.get(record.id)
         self._tasks[record.id] = record
+        if old is not None:
+            self._by_state[(old.kind, old.state)] -= 1
+        self._by_state[(record.kind, record.state)] += 1
         for index, state in (
             (self._running, TaskState.RUNNING),
             (self._waiting, TaskState.WAITING),
@@ -235,7 +241,7 @@ class MemoryStore:
         if task.run_at > self.clock.now():
             heapq.heappush(self._delayed, (task.run_at, task.id))
         else:
-            heapq.heappush(self._ready[gate_key(task.gates)], _entry(task))
+            heapq.heappush(self._ready[_queue_of(task)], _entry(task))
         if task.tier > AGING_CEILING and task.ready_since is not None:
             heapq.heappush(self._aging, (task.ready_since, task.id))
 
@@ -249,7 +255,7 @@ class MemoryStore:
             _, task_id = heapq.heappop(self._delayed)
             task = self._tasks[task_id]
             if task.state is TaskState.READY and task.run_at <= now:
-                heapq.heappush(self._ready[gate_key(task.gates)], _entry(task))
+                heapq.heappush(self._ready[_queue_of(task)], _entry(task))
 
     # -- claiming
 
@@ -273,9 +279,9 @@ class MemoryStore:
         book = GateBook(self._configs, self._gate_state, now)
         budget = KindBudget([*within, *self._backpressure()])
         leases: list[Lease] = []
-        popped: list[tuple[str, tuple[int, float, int]]] = []
+        popped: list[tuple[tuple[str, str], tuple[int, float, int]]] = []
         ordered = fairness.take_turns(
-            self._candidates(kinds, book.refused_keys, popped),
+            self._candidates(kinds, book.refused_keys, popped, budget),
             rank=lambda t: (t.tier, t.tag),
             flow=lambda t: t.flow,
             last_served=lambda flow: self._served.get(flow, 0),
@@ -306,12 +312,11 @@ class MemoryStore:
             return []
         queued: Counter[str] = Counter()
         active: Counter[str] = Counter()
-        for task in self._tasks.values():
-            if task.kind in counted:
-                if task.state in (TaskState.PENDING, TaskState.READY):
-                    queued[task.kind] += 1
-                elif task.state in (TaskState.RUNNING, TaskState.WAITING):
-                    active[task.kind] += 1
+        for kind in counted:
+            for state in (TaskState.PENDING, TaskState.READY):
+                queued[kind] += self._by_state[(kind, state)]
+            for state in (TaskState.RUNNING, TaskState.WAITING):
+                active[kind] += self._by_state[(kind, state)]
         return stage_bounds.backpressure(self.settings.stages, queued, active)
 
     def _gate_state(self, name: str) -> GateState:
@@ -321,26 +326,32 @@ class MemoryStore:
         self,
         kinds: Collection[str] | None,
         refused: set[str],
-        popped: list[tuple[str, tuple[int, float, int]]],
+        popped: list[tuple[tuple[str, str], tuple[int, float, int]]],
+        budget: KindBudget,
     ) -> Iterator[TaskRecord]:
-        """Ready tasks in (tier, tag, id) order: a merge of the per-gate-key queues that stops
-        drawing from a queue once its gates refused (every task in it would be refused too)."""
-        heads = [(queue[0], key) for key, queue in self._ready.items() if queue]
+        """Ready tasks in (tier, tag, id) order: a merge of the per-(kind, gate key) queues that
+        stops drawing from a queue once its gates refused (every task in it would be refused
+        too) or its kind has no room left in the claim, and leaves out kinds not asked for."""
+        heads = [
+            (queue[0], key)
+            for key, queue in self._ready.items()
+            if queue and (kinds is None or key[0] in kinds)
+        ]
         heapq.heapify(heads)
         seen: set[int] = set()  # a task can be queued twice (a retry that also aged): once here
         while heads:
             entry, key = heapq.heappop(heads)
             queue = self._ready[key]
             heapq.heappop(queue)
-            if queue and key not in refused:
-                heapq.heappush(heads, (queue[0], key))
             if not self._is_queued(entry) or entry[2] in seen:
+                if queue:
+                    heapq.heappush(heads, (queue[0], key))
                 continue
             seen.add(entry[2])
             popped.append((key, entry))
-            task = self._tasks[entry[2]]
-            if kinds is None or task.kind in kinds:
-                yield task
+            yield self._tasks[entry[2]]
+            if queue and key[1] not in refused and budget.fits(key[0]):
+                heapq.heappush(heads, (queue[0], key))
 
     def _next_run_at(self) -> float | None:
         while self._delayed and self._tasks[self._delayed[0][1]].state is not TaskState.READY:
@@ -847,6 +858,10 @@ def _settled(task: TaskRecord) -> TaskRecord:
     if task.state is not TaskState.WAITING:
         return task
     return replace(task, remote_jobs=task.remote_jobs + 1)
+
+
+def _queue_of(task: TaskRecord) -> tuple[str, str]:
+    return (task.kind, gate_key(task.gates))
 
 
 def _entry(task: TaskRecord) -> tuple[int, float, int]:

@@ -225,7 +225,7 @@ class Moderation:
         self,
         app: hr.App,
         media: MediaStore,
-        scanner: Scanner,
+        scanner: Scanner | None,
         *,
         limits: Mapping[MediaClass, Limits] | None = None,
         admission: Admission | None = None,
@@ -240,7 +240,11 @@ class Moderation:
         self.records = Records(media, durable=durable)
         self.audit = AuditLog(media)
         self.limits = dict(limits or DEFAULT_LIMITS)
-        self.work: MediaWork = work or RealWork(scanner, self.limits)
+        if work is None:
+            if scanner is None:
+                raise ConfigError("moderation: give a scanner (or the work the stages do)")
+            work = RealWork(scanner, self.limits)
+        self.work: MediaWork = work
         self.admission = admission or Admission()
         self.order = order
         self._declare()
