@@ -1188,3 +1188,16 @@ async def test_stages_count_unfinished_work_per_kind(store: Store, clock: Manual
     await store.cancel(subs[0].id)  # cancels c too
     await store.cancel(subs[1].id)
     assert await store.stages() == []
+
+
+async def test_a_continuation_goes_before_its_flows_backlog_and_after_a_newcomer(
+    store: Store,
+) -> None:
+    await store.submit([task(f"a{i}", flow="a") for i in range(4)])
+    [first] = await claim(store, 1)
+    assert first.task.ref == "a0"
+    # a0's item goes on to its next stage; b joins now.
+    next_stage = task("a0-next", flow="a", continues=first.task.tag)
+    await store.finish(first, Succeeded(successors=(next_stage,)))
+    await store.submit([task("b0", flow="b")])
+    assert refs(await claim(store, 3)) == ["b0", "a0-next", "a1"]

@@ -105,3 +105,28 @@ def test_the_store_option_overrides_the_app_and_the_environment_gives_both(
     shown = headrace("status", env=environment)
     assert shown.returncode == 0, shown.stderr
     assert re.search(r"│ render\s+│\s+0 │\s+1 │", shown.stdout), shown.stdout
+
+
+def test_demo_moderation_runs_a_burst_of_real_media_beside_fifo(tmp_path: Path) -> None:
+    report_path, chart = tmp_path / "report.json", tmp_path / "depths.png"
+    small = ["--crowd", "3", "--photos", "2", "--heavy", "6", "--latecomers", "1"]
+    small += ["--videos", "1", "--voice", "1"]
+    done = headrace(
+        "demo", "moderation", *small, "--no-progress", "--json", str(report_path),
+        "--chart", str(chart), cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "the burst, measured" in done.stdout
+    report = json.loads(report_path.read_text())
+    assert set(report) == {"fair", "fair without heavy", "fifo", "heavy_delay_s"}
+    uploads = 3 * 2 + 6 + 1 + 1 + 1
+    assert report["fair"]["states"] == {"reviewable": uploads}
+    assert report["fair"]["duplicate_derivatives"] == 0
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_demo_moderation_names_a_clamd_that_does_not_answer(tmp_path: Path) -> None:
+    done = headrace("demo", "moderation", "--clamd", str(tmp_path / "no.sock"), cwd=tmp_path)
+    assert done.returncode != 0
+    assert done.stderr.count("\n") == 1 and "no clamd answers there" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -255,3 +255,15 @@ def test_a_weight_must_be_a_positive_number(weight: float) -> None:
 def test_a_weight_may_be_fractional() -> None:
     assert fairness.check_weight(0.5) == 0.5
     assert fairness.check_weight(3) == 3.0
+
+
+def test_a_continuation_takes_no_turn_and_waits_behind_a_newcomer() -> None:
+    # A flow with a backlog (finish 9) carries an item on: its next stage starts just after
+    # the virtual time, not behind the backlog, and its flow's finish does not move.
+    carried = fairness.tag(virtual_time=3.0, flow_finish=9.0, continues=1.0)
+    assert carried.flow_finish == 9.0
+    assert 3.0 < carried.start < 3.0 + 1e-9
+    newcomer = fairness.tag(virtual_time=3.0, flow_finish=0.0)
+    assert newcomer.start < carried.start  # a flow that joins now goes first
+    # A continuation of a task tagged ahead of the virtual time keeps that tag's place.
+    assert fairness.tag(virtual_time=3.0, flow_finish=9.0, continues=5.0).start > 5.0
