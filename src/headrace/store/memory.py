@@ -89,6 +89,8 @@ class MemoryStore:
         # or whose kind has no room left in the claim.
         self._ready: dict[tuple[str, str], list[tuple[int, float, int]]] = defaultdict(list)
         self._by_state: Counter[tuple[str, TaskState]] = Counter()  # tasks by (kind, state)
+        # Waiting tasks by (kind, "stage", None), (kind, "flow", flow), (kind, "group", group).
+        self._queued: Counter[tuple[str, str, str | None]] = Counter()
         self._delayed: list[tuple[float, int]] = []  # ready, but not before run_at
         self._aging: list[tuple[float, int]] = []  # ready below the aging ceiling
         self._running: set[int] = set()
@@ -142,18 +144,8 @@ class MemoryStore:
                     raise UnknownTask(dep)
         planned = self._plan(tasks)
         limits = stage_bounds.by_kind(self.settings.stages, bounds)
-        waiting = {TaskState.PENDING, TaskState.READY}
         for need in stage_bounds.needs(tasks, planned, limits):
-            need.check(
-                sum(
-                    1
-                    for t in self._tasks.values()
-                    if t.kind == need.kind
-                    and t.state in waiting
-                    and (need.scope != "flow" or t.flow == need.label)
-                    and (need.scope != "group" or t.group == need.label)
-                )
-            )
+            need.check(self._queued[(need.kind, need.scope, need.label)])
 
     def _plan(self, tasks: Sequence[NewTask]) -> list[idempotency.Planned]:
         known = {
@@ -220,7 +212,9 @@ class MemoryStore:
         self._tasks[record.id] = record
         if old is not None:
             self._by_state[(old.kind, old.state)] -= 1
+            self._count_waiting(old, -1)
         self._by_state[(record.kind, record.state)] += 1
+        self._count_waiting(record, 1)
         for index, state in (
             (self._running, TaskState.RUNNING),
             (self._waiting, TaskState.WAITING),
@@ -236,6 +230,13 @@ class MemoryStore:
         ):
             self._enqueue(record)
             self._woken.set()
+
+    def _count_waiting(self, task: TaskRecord, step: int) -> None:
+        """Keep what stage limits count: waiting tasks by kind, and by kind and flow or group."""
+        if task.state in (TaskState.PENDING, TaskState.READY):
+            self._queued[(task.kind, "stage", None)] += step
+            self._queued[(task.kind, "flow", task.flow)] += step
+            self._queued[(task.kind, "group", task.group)] += step
 
     def _enqueue(self, task: TaskRecord) -> None:
         if task.run_at > self.clock.now():
