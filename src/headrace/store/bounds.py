@@ -82,27 +82,26 @@ def counted_kinds(stages: Iterable[StageLimits]) -> list[str]:
     return sorted(kinds)
 
 
-def fed_kinds(stages: Iterable[StageLimits]) -> frozenset[str]:
-    """The bounded stages some stage feeds: leasing one of their tasks makes room upstream."""
-    listed = list(stages)
-    bounded = {stage.kind for stage in listed if stage.bound is not None}
-    return frozenset(kind for stage in listed for kind in stage.feeds if kind in bounded)
-
-
 def backpressure(
     stages: Iterable[StageLimits], queued: Mapping[str, int], active: Mapping[str, int]
-) -> list[KindLimit]:
-    """A claim limit per bounded stage that others feed: its feeders together may start no more
-    than its room, its bound less its waiting tasks (`queued`) and the feeders' running or
-    remote-waiting ones (`active`: each may still add a successor)."""
+) -> dict[str, KindLimit]:
+    """A claim limit per bounded stage that others feed, by that stage: its feeders together may
+    start no more than its room, its bound less its waiting tasks (`queued`) and the feeders'
+    running or remote-waiting ones (`active`: each may still add a successor). A stage whose
+    limit is 0 holds its feeders back: a claim that starts one of its tasks makes room."""
     listed = list(stages)
     bounds = {stage.kind: stage.bound for stage in listed if stage.bound is not None}
-    limits: list[KindLimit] = []
+    limits: dict[str, KindLimit] = {}
     for kind in sorted(bounds):
         feeders = frozenset(stage.kind for stage in listed if kind in stage.feeds)
         if not feeders:
             continue
         busy = sum(active.get(feeder, 0) for feeder in feeders)
         room = bounds[kind] - queued.get(kind, 0) - busy
-        limits.append(KindLimit(feeders, max(0, room)))
+        limits[kind] = KindLimit(feeders, max(0, room))
     return limits
+
+
+def holding_back(limits: Mapping[str, KindLimit]) -> frozenset[str]:
+    """The stages (of `backpressure`'s limits) that hold their feeders back now."""
+    return frozenset(kind for kind, limit in limits.items() if limit.limit == 0)

@@ -278,7 +278,9 @@ class MemoryStore:
         self._age(now)
         self._due(now)
         book = GateBook(self._configs, self._gate_state, now)
-        budget = KindBudget([*within, *self._backpressure()])
+        held = self._backpressure()
+        budget = KindBudget([*within, *held.values()])
+        held_back = stage_bounds.holding_back(held)
         leases: list[Lease] = []
         popped: list[tuple[tuple[str, str], tuple[int, float, int]]] = []
         ordered = fairness.take_turns(
@@ -296,7 +298,7 @@ class MemoryStore:
                 continue
             budget.take(task.kind)
             leases.append(self._lease(task, worker, now, lease_for))
-            if task.kind in stage_bounds.fed_kinds(self.settings.stages):
+            if task.kind in held_back:
                 self._woken.set()  # room downstream: claims backpressure held back may go on
             if task.solo:
                 break
@@ -307,10 +309,10 @@ class MemoryStore:
         wake_at = earliest(book.wake_at(), self._next_run_at())
         return ClaimResult(tuple(leases), now, wake_at, finished=results)
 
-    def _backpressure(self) -> list[KindLimit]:
+    def _backpressure(self) -> dict[str, KindLimit]:
         counted = set(stage_bounds.counted_kinds(self.settings.stages))
         if not counted:
-            return []
+            return {}
         queued: Counter[str] = Counter()
         active: Counter[str] = Counter()
         for kind in counted:

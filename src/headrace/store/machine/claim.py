@@ -100,13 +100,14 @@ class Claiming(Outcomes):
         counted = stage_bounds.counted_kinds(self.settings.stages)
         if not counted:
             return []
-        self._fed = stage_bounds.fed_kinds(self.settings.stages)
         queued: dict[str, int] = {}
         active: dict[str, int] = {}
         for found in await self.rows("stage_counts", kinds=counted):
             queued[found["kind"]] = int(found["queued"])
             active[found["kind"]] = int(found["active"])
-        return stage_bounds.backpressure(self.settings.stages, queued, active)
+        limits = stage_bounds.backpressure(self.settings.stages, queued, active)
+        self._held_back = stage_bounds.holding_back(limits)
+        return list(limits.values())
 
     async def sweep(self) -> float:
         """Reap expired leases and age low tasks; return the store time it ran at."""
@@ -255,7 +256,7 @@ class Claiming(Outcomes):
         if not chosen:
             return Claimed(None, [], until, self.now, wake_at)
         ids = [task.id for task in chosen]
-        if any(task.kind in self._fed for task in chosen):
+        if any(task.kind in self._held_back for task in chosen):
             self.wake = True  # room downstream: claims that backpressure held back may go on
         flows = sorted(self._served_now)
         await self.run("lock_flows", flows=flows)  # before the counters

@@ -198,7 +198,7 @@ class Steps:
         self._finishes: dict[str, float] = {}  # flows' finish tags after tagging new tasks
         self._gates_before_claim = 0  # gates held or met busy when the claim began (outcomes')
         self._budget = KindBudget(())  # what a claim may still take of each group of kinds
-        self._fed: frozenset[str] = frozenset()  # bounded stages other stages feed
+        self._held_back: frozenset[str] = frozenset()  # full stages that hold feeders back
 
     # -- statements
 
