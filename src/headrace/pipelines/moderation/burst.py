@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import math
 import random
 from collections import Counter, defaultdict
@@ -30,6 +29,7 @@ import headrace as hr
 from headrace.pipelines.moderation.pipeline import Item, ItemState, Moderation, Staff
 from headrace.pipelines.moderation.probe import MediaClass
 from headrace.policy.errors import QueueFull
+from headrace.runtime.calls import off_loop
 from headrace.store.base import Store
 from headrace.store.types import AttemptOutcome, StageStats, TaskRecord, TaskState
 
@@ -141,8 +141,9 @@ async def run_burst(
                 if delay > 0:
                     await asyncio.sleep(delay)
                 grant = staff if staff is not None and upload.session == "video-0000" else None
-                item = moderation.accept(
-                    io.BytesIO(payloads[upload.role]),
+                item = await off_loop(  # the upload's bytes kept and flushed: not on the loop
+                    moderation.accept_bytes,
+                    payloads[upload.role],
                     event="gala",
                     session=upload.session,
                     staff=grant,

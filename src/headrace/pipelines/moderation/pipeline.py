@@ -300,7 +300,7 @@ class Moderation:
     async def phase(self, item: Item) -> Phase:
         """Whether an item waits for a stage or is in one: its record says which stage, the
         store whether that stage's task runs."""
-        item = self.records.get(item.media_id)
+        item = await self.records.read(item.media_id)
         if item.state.settled:
             return Phase.DONE
         stage = {ItemState.ACCEPTED: "validate", ItemState.VALIDATED: "scan"}.get(
