@@ -1201,3 +1201,21 @@ async def test_a_continuation_goes_before_its_flows_backlog_and_after_a_newcomer
     await store.finish(first, Succeeded(successors=(next_stage,)))
     await store.submit([task("b0", flow="b")])
     assert refs(await claim(store, 3)) == ["b0", "a0-next", "a1"]
+
+
+async def test_each_stage_takes_one_item_of_a_flow_per_round_a_newcomers_first(
+    store: Store,
+) -> None:
+    await store.submit([task(f"a{i}", flow="a") for i in range(4)])
+    a0, a1 = await claim(store, 2)
+    for lease in (a0, a1):  # a's first two items go on to their scan
+        scan = task(f"{lease.task.ref}-scan", kind="scan", flow="a", continues=lease.task.tag)
+        await store.finish(lease, Succeeded(successors=(scan,)))
+    await store.submit([task("b0", flow="b")])
+    [b0] = await claim(store, 1)
+    scan = task("b0-scan", kind="scan", flow="b", continues=b0.task.tag)
+    await store.finish(b0, Succeeded(successors=(scan,)))
+    # a's scans take one turn per round in a's scan lane: a1's waits a round, and b's item,
+    # new to that stage, is in the first. a2 is a's next turn at validation, in a lane (a
+    # itself) served longer ago than a's scan lane.
+    assert refs(await claim(store)) == ["a0-scan", "b0-scan", "a2", "a1-scan", "a3"]

@@ -257,13 +257,30 @@ def test_a_weight_may_be_fractional() -> None:
     assert fairness.check_weight(3) == 3.0
 
 
-def test_a_continuation_takes_no_turn_and_waits_behind_a_newcomer() -> None:
-    # A flow with a backlog (finish 9) carries an item on: its next stage starts just after
-    # the virtual time, not behind the backlog, and its flow's finish does not move.
-    carried = fairness.tag(virtual_time=3.0, flow_finish=9.0, continues=1.0)
-    assert carried.flow_finish == 9.0
-    assert 3.0 < carried.start < 3.0 + 1e-9
-    newcomer = fairness.tag(virtual_time=3.0, flow_finish=0.0)
-    assert newcomer.start < carried.start  # a flow that joins now goes first
+def test_a_continuation_takes_its_turn_in_its_stage_lane() -> None:
+    # Flow a has a backlog (its flow's finish 9) and carries an item on: the next stage is
+    # tagged in a's lane for that stage (nothing there yet), at the virtual time.
+    scan = fairness.lane("a", "scan", continues=1.0)
+    assert scan != fairness.lane("a", "scan", None) == "a"
+    carried = fairness.tag(virtual_time=3.0, flow_finish=0.0, continues=1.0)
+    assert carried.start == 3.0
+    # a's next item at that stage waits its turn there: one round later.
+    second = fairness.tag(virtual_time=3.0, flow_finish=carried.flow_finish, continues=2.0)
+    assert second.start == carried.flow_finish == 4.0
     # A continuation of a task tagged ahead of the virtual time keeps that tag's place.
-    assert fairness.tag(virtual_time=3.0, flow_finish=9.0, continues=5.0).start > 5.0
+    assert fairness.tag(virtual_time=3.0, flow_finish=0.0, continues=5.0).start == 5.0
+
+
+def test_a_round_goes_to_new_lanes_first_then_the_least_recently_served() -> None:
+    # A round at tag 3: a newcomer b (never served), a's item at a stage it has not reached
+    # before (a served at dispatch 5), a's lane at a stage served at dispatch 7, c served at 6.
+    served = {"a": 5, "a\x1fderive": 7, "c": 6}
+    round_ = [("a", "a\x1fderive"), ("c", "c"), ("a", "a\x1fscan"), ("b", "b")]
+    ordered = fairness.take_turns(
+        round_,
+        rank=lambda _: (3.0,),
+        flow=lambda task: task[0],
+        last_served=lambda name: served.get(name, 0),
+        lane=lambda task: task[1],
+    )
+    assert [lane for _, lane in ordered] == ["b", "a\x1fscan", "c", "a\x1fderive"]

@@ -69,10 +69,11 @@ class Context:
         """A successor task; returns a handle that later successors can name in `after`.
         Group, flow and tier default to this task's; the key defaults to one derived from this
         task and the successor, so a successor is never created twice. `weight`: its share of
-        its flow's turns (fairness), 1 unless given. `continues`: it carries this task's item on to
-        its next stage, so it keeps this task's place in its flow's line instead of going to
-        the back of it. If its stage has no room when this task ends, this task is deferred: it
-        runs again later, its attempt not counted."""
+        its flow's turns (fairness), 1 unless given. `continues`: it carries this task's item on
+        to its next stage, so it takes its turn in its flow's lane for that stage
+        (`fairness.lane`) instead of going to the back of its flow's line. If its stage has no
+        room when this task ends, this task is deferred: it runs again later, its attempt not
+        counted."""
         target = self.app.definition(definition) if isinstance(definition, str) else definition
         spec = target.spec(
             ref,

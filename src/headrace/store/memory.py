@@ -78,7 +78,8 @@ class MemoryStore:
         self._unmet: dict[int, int] = {}
         self._tickets: dict[int, dict[str, bool]] = {}  # by task: gate -> start stamped
         self._gates: dict[str, GateState] = {}
-        self._flow_finish: dict[str, float] = {}
+        self._flow_finish: dict[str, float] = {}  # by lane (`fairness.lane`)
+        self._lanes: dict[int, str] = {}  # by task, where its lane is not its flow
         self._virtual_time = 0.0
         self._dispatches = 0
         self._served: dict[str, int] = {}
@@ -168,9 +169,11 @@ class MemoryStore:
     def _insert(self, task: NewTask, after: list[int], now: float) -> int:
         task_id = next(self._ids)
         tagged = fairness.tag(
-            self._virtual_time, self._flow_finish.get(task.flow, 0.0), task.weight, task.continues
+            self._virtual_time, self._flow_finish.get(task.lane, 0.0), task.weight, task.continues
         )
-        self._flow_finish[task.flow] = tagged.flow_finish
+        self._flow_finish[task.lane] = tagged.flow_finish
+        if task.lane != task.flow:
+            self._lanes[task_id] = task.lane
         unmet = {d for d in after if self._tasks[d].state is not TaskState.SUCCEEDED}
         failed = any(self._tasks[d].state in (TaskState.DEAD, TaskState.CANCELLED) for d in unmet)
         state = TaskState.PENDING if unmet else TaskState.READY
@@ -287,7 +290,8 @@ class MemoryStore:
             self._candidates(kinds, book.refused_keys, popped, budget),
             rank=lambda t: (t.tier, t.tag),
             flow=lambda t: t.flow,
-            last_served=lambda flow: self._served.get(flow, 0),
+            last_served=lambda name: self._served.get(name, 0),
+            lane=self._lane,
         )
         for task in ordered:
             if len(leases) >= limit:
@@ -361,10 +365,13 @@ class MemoryStore:
             heapq.heappop(self._delayed)
         return self._delayed[0][0] if self._delayed else None
 
+    def _lane(self, task: TaskRecord) -> str:
+        return self._lanes.get(task.id, task.flow)
+
     def _lease(self, task: TaskRecord, worker: str, now: float, lease_for: float) -> Lease:
         self._virtual_time = fairness.advance(self._virtual_time, task.tag)
         self._dispatches += 1
-        self._served[task.flow] = self._dispatches
+        self._served[self._lane(task)] = self._dispatches
         self._tickets[task.id] = {name: not self._rated(name) for name in task.gates}
         number = task.attempt + 1
         record = replace(

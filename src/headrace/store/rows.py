@@ -72,6 +72,7 @@ class Candidate:
     tier: Tier
     tag: float
     flow: str
+    lane: str  # its fair-queueing lane: its flow, or its flow at this stage (`fairness.lane`)
     gates: tuple[str, ...]
     solo: bool
 
@@ -83,6 +84,7 @@ def candidate_of(row: Row) -> Candidate:
         tier=_TIERS[row["tier"]],
         tag=row["tag"],
         flow=row["flow"],
+        lane=row["lane"],
         gates=tuple(_listed(row["gates"])),
         solo=bool(row["solo"]),
     )

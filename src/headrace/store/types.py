@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from headrace.policy import fairness
 from headrace.policy.errors import ConfigError, ErrorClass, HeadraceError
 from headrace.policy.gate import GateConfig
 from headrace.policy.redact import credential_in, redact
@@ -107,6 +108,12 @@ class NewTask:
         _check_amount("weight", self.weight, above_zero=True)
         if self.continues is not None:
             _check_amount("continues", self.continues)
+
+    @property
+    def lane(self) -> str:
+        """Where its fair tag is drawn from: its flow, or its flow at this stage when it
+        continues an item (`fairness.lane`)."""
+        return fairness.lane(self.flow, self.kind, self.continues)
 
     @property
     def gate_key(self) -> str:

@@ -193,9 +193,10 @@ class Claiming(Outcomes):
             if not others or not await self.gates.make(others):
                 self.gates.busy.update(others)  # another claim holds them: its tasks are its
                 break
-        for row in rows:  # when each flow was last served, read with the candidates
+        for row in rows:  # when each flow and lane was last served, read with the candidates
             if row["id"] is not None:
                 self._served.setdefault(row["flow"], int(row["flow_served"]))
+                self._served.setdefault(row["lane"], int(row["lane_served"]))
         tasks = [candidate_of(row) for row in rows if row["id"] is not None]
         if edge["last_id"] is None:
             return 0, None, tasks
@@ -217,6 +218,7 @@ class Claiming(Outcomes):
             rank=lambda task: (task.tier, task.tag),
             flow=lambda task: task.flow,
             last_served=self.last_served,
+            lane=lambda task: task.lane,
         )
         for task in ordered:
             if len(chosen) >= limit:
@@ -237,15 +239,16 @@ class Claiming(Outcomes):
         excluded.update(book.refused_keys)
         return len(chosen) >= limit
 
-    def last_served(self, flow: str) -> int:
-        return self._served.get(flow, 0)
+    def last_served(self, name: str) -> int:
+        """When a flow or a lane was last served: the dispatch count then, 0 if never."""
+        return self._served.get(name, 0)
 
     def dispatched(self, task: Candidate) -> None:
         self._virtual_time = fairness.advance(self._virtual_time or 0.0, task.tag)
         self._dispatches = (self._dispatches or 0) + 1
-        self._served[task.flow] = self._dispatches
-        self._served_now.add(task.flow)
-        self._last_tags[task.flow] = max(self._last_tags.get(task.flow, task.tag), task.tag)
+        self._served[task.lane] = self._dispatches
+        self._served_now.add(task.lane)
+        self._last_tags[task.lane] = max(self._last_tags.get(task.lane, task.tag), task.tag)
 
     async def lease(
         self, chosen: Sequence[Candidate], worker: str, lease_for: float, wake_at: float | None

@@ -188,7 +188,7 @@ class Steps:
         self._virtual_time: float | None = None
         self._dispatches: int | None = None
         self._served: dict[str, int] = {}
-        self._last_tags: dict[str, float] = {}  # the tag of each flow's last task dispatched now
+        self._last_tags: dict[str, float] = {}  # the tag of each lane's last task dispatched now
         self._served_now: set[str] = set()
         self._tickets: dict[int, list[Row]] = {}  # ticket counts read, by task
         self._held: dict[int, TaskRecord] = {}  # tasks locked for outcomes, not yet written

@@ -85,7 +85,7 @@ class Outcomes(Submission):
         await self.dependency_states(d for t in successors for d in t.after if isinstance(d, int))
         gates = [row["gate"] for rows in self._tickets.values() for row in rows]
         await self.gates.lock([*gates, *_declared(outcomes, self.configs)], clock=True)
-        await self.lock_flows(sorted({task.flow for task in successors}))
+        await self.lock_flows(sorted({task.lane for task in successors}))
 
     async def lock_flows(self, flows: list[str]) -> None:
         if flows:

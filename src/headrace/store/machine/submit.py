@@ -69,7 +69,7 @@ class Submission(Tickets):
         keys = sorted({task.key for task in tasks if task.key is not None})
         keyed = await self.send("task_ids_by_keys", keys=keys) if keys else None
         clock = None if self._clock is None else self._clock.now()
-        flows = sorted({task.flow for task in tasks})
+        flows = sorted({task.lane for task in tasks})
         start = await self.send("submit_start", flows=flows, n=len(tasks), clock=clock)
         rows = await shared.fetchall() if shared is not None else []
         states = {int(row["id"]): TaskState(row["state"]) for row in rows}
@@ -206,7 +206,7 @@ class Submission(Tickets):
     async def tag(self, planned: Sequence[Planned], locked: dict[str, float] | None) -> None:
         """Start tags for new tasks, in batch order; their flows' rows are locked in name order
         (`locked`: already, with their finish tags)."""
-        flows = sorted({p.task.flow for p in planned})
+        flows = sorted({p.task.lane for p in planned})
         if locked is None:
             await self.run("add_flows", flows=flows)
             found = await self.send("lock_flows", flows=flows)  # held already after `prepare`
@@ -217,9 +217,9 @@ class Submission(Tickets):
         virtual_time = await self.virtual_time()
         for p in planned:
             tagged = fairness.tag(
-                virtual_time, finish[p.task.flow], p.task.weight, p.task.continues
+                virtual_time, finish[p.task.lane], p.task.weight, p.task.continues
             )
-            finish[p.task.flow] = tagged.flow_finish
+            finish[p.task.lane] = tagged.flow_finish
             p.tag = tagged.start
         self._finishes = {flow: finish[flow] for flow in flows}  # written with the insert
 
@@ -261,6 +261,7 @@ def task_row(task: NewTask) -> dict[str, Any]:
         "gates": list(task.gates),
         "gate_key": gate_key(task.gates),
         "flow": task.flow,
+        "lane": task.lane if task.lane != task.flow else None,
         "grp": task.group,
         "tier": int(task.tier),
         "cost": float(task.cost),

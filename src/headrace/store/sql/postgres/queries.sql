@@ -124,17 +124,17 @@ WITH finished AS (
 )
 INSERT INTO tasks (
     id, kind, ref, gates, gate_key, flow, grp, tier, submitted_tier, cost, key, state,
-    max_attempts, tag, created_at, run_at, ready_since, unmet, payload_digest
+    max_attempts, tag, created_at, run_at, ready_since, unmet, payload_digest, lane
 )
 SELECT
     t.id, t.kind, t.ref, t.gates, t.gate_key, t.flow, t.grp, t.tier, t.tier, t.cost, t.key,
     t.state, t.max_attempts, t.tag, %(now)s::double precision, t.run_at, t.ready_since, t.unmet,
-    t.payload_digest
+    t.payload_digest, t.lane
 FROM jsonb_to_recordset(%(tasks)s::jsonb) AS t (
     id bigint, kind text, ref text, gates text[], gate_key text, flow text, grp text,
     tier smallint, cost double precision, key text, state text, max_attempts integer,
     tag double precision, run_at double precision, ready_since double precision, unmet integer,
-    payload_digest text
+    payload_digest text, lane text
 )
 ORDER BY t.key COLLATE "C", t.id;  -- keys taken in one order by every writer: no deadlock
 
@@ -374,8 +374,10 @@ WITH peek AS MATERIALIZED (  -- the batch's tasks, not locked: only their range 
         SELECT tier, tag, id FROM peek ORDER BY tier DESC, tag DESC, id DESC LIMIT 1
     ) AS last ON true
 ), chosen AS MATERIALIZED (  -- a task whose gates another claim holds is left to it
-    SELECT t.id, t.kind, t.tier, t.tag, t.flow, t.gates, t.solo, f.served AS flow_served
+    SELECT t.id, t.kind, t.tier, t.tag, t.flow, coalesce(t.lane, t.flow) AS lane, t.gates,
+           t.solo, f.served AS flow_served, coalesce(l.served, f.served) AS lane_served
     FROM tasks AS t JOIN flows AS f ON f.flow = t.flow
+    LEFT JOIN flows AS l ON l.flow = t.lane
     WHERE t.state = 'ready'
       AND (t.tier, t.tag, t.id) > (%(tier)s::smallint, %(tag)s::double precision, %(id)s::bigint)
       -- the batch's end, as values (each subquery runs once): the claim-order index bounds it
@@ -395,7 +397,8 @@ SELECT e.peeked, e.last_tier, e.last_tag, e.last_id,
        CASE WHEN row_number() OVER w = 1 THEN e.gate_rows END AS gate_rows,
        CASE WHEN row_number() OVER w = 1 THEN e.wanted END AS wanted,
        -- what a claim weighs a task by: its leased row comes back with its lease
-       c.id, c.kind, c.tier, c.tag, c.flow, c.gates, c.solo, c.flow_served
+       c.id, c.kind, c.tier, c.tag, c.flow, c.lane, c.gates, c.solo, c.flow_served,
+       c.lane_served
 FROM edge AS e LEFT JOIN chosen AS c ON true
 WINDOW w AS (ORDER BY c.tier, c.tag, c.id)
 ORDER BY c.tier, c.tag, c.id;

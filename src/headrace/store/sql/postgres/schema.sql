@@ -45,7 +45,8 @@ CREATE TABLE tasks (
     lost_by         text,              -- the worker that last lost its lease
     lost_at         double precision,  -- when
     payload_digest  text,  -- a keyed task's payload digest (store/idempotency.py), else NULL
-    remote_jobs     integer          NOT NULL DEFAULT 0  -- remote jobs it submitted that failed
+    remote_jobs     integer          NOT NULL DEFAULT 0,  -- remote jobs it submitted that failed
+    lane            text  -- its fair-queueing lane when not its flow (an item's next stage)
 );
 
 CREATE UNIQUE INDEX tasks_key ON tasks (key) WHERE key IS NOT NULL;

@@ -428,7 +428,7 @@ FROM (
 WHERE flows.flow = f.flow;
 INSERT INTO tasks (
     id, kind, ref, gates, gate_key, flow, grp, tier, submitted_tier, cost, key, state,
-    max_attempts, tag, created_at, run_at, ready_since, unmet, payload_digest
+    max_attempts, tag, created_at, run_at, ready_since, unmet, payload_digest, lane
 )
 SELECT
     json_extract(t.value, '$.id'), json_extract(t.value, '$.kind'),
@@ -439,7 +439,8 @@ SELECT
     json_extract(t.value, '$.key'), json_extract(t.value, '$.state'),
     json_extract(t.value, '$.max_attempts'), json_extract(t.value, '$.tag'), :now,
     json_extract(t.value, '$.run_at'), json_extract(t.value, '$.ready_since'),
-    json_extract(t.value, '$.unmet'), json_extract(t.value, '$.payload_digest')
+    json_extract(t.value, '$.unmet'), json_extract(t.value, '$.payload_digest'),
+    json_extract(t.value, '$.lane')
 FROM json_each(:tasks) AS t;
 
 -- name: insert_dependencies
@@ -455,9 +456,9 @@ SELECT :clock AS now,
        (SELECT min(run_at) FROM tasks WHERE state = 'ready' AND run_at > :clock) AS next_at;
 
 -- name: claim_batch
--- One claim batch: due ready tasks after a (tier, tag, id) key with their flows' turns, the batch's size and end, and its gates' states.
+-- One claim batch: due ready tasks after a (tier, tag, id) key with their flows' and lanes' turns, the batch's size and end, and its gates' states.
 WITH peek AS MATERIALIZED (
-    SELECT id, kind, tier, tag, flow, gates, solo FROM tasks
+    SELECT id, kind, tier, tag, flow, coalesce(lane, flow) AS lane, gates, solo FROM tasks
     WHERE state = 'ready'
       AND (tier, tag, id) > (:tier, :tag, :id)
       AND run_at <= :now
@@ -491,10 +492,12 @@ SELECT (SELECT count(*) FROM peek) AS peeked,
            SELECT json_group_array(name) FROM wanted
        ) END AS "wanted [headrace_json]",
        -- what a claim weighs a task by: its leased row comes back with its lease
-       p.id, p.kind, p.tier, p.tag, p.flow, p.gates, p.solo, f.served AS flow_served
+       p.id, p.kind, p.tier, p.tag, p.flow, p.lane, p.gates, p.solo,
+       f.served AS flow_served, coalesce(l.served, f.served) AS lane_served
 FROM (SELECT 1) AS one
 LEFT JOIN peek AS p ON true
 LEFT JOIN flows AS f ON f.flow = p.flow
+LEFT JOIN flows AS l ON p.lane <> p.flow AND l.flow = p.lane
 WINDOW w AS (ORDER BY p.tier, p.tag, p.id)
 ORDER BY p.tier, p.tag, p.id;
 

@@ -38,7 +38,8 @@ CREATE TABLE tasks (
     lost_by TEXT,  -- the worker that last lost its lease
     lost_at REAL,  -- when
     payload_digest  TEXT,  -- a keyed task's payload digest (store/idempotency.py), else NULL
-    remote_jobs INTEGER NOT NULL DEFAULT 0  -- remote jobs it submitted that failed
+    remote_jobs INTEGER NOT NULL DEFAULT 0,  -- remote jobs it submitted that failed
+    lane TEXT  -- its fair-queueing lane when not its flow (an item's next stage)
 );
 
 CREATE UNIQUE INDEX tasks_key ON tasks (key) WHERE key <> '';
@@ -82,7 +83,8 @@ CREATE TABLE gates (
 ) WITHOUT ROWID;
 
 -- Each flow's finish tag (where its next task's start tag begins) and when it was last served
--- (the dispatch count then), so flows take turns within a round of equal tags.
+-- (the dispatch count then), so flows take turns within a round of equal tags; the same for
+-- each lane (a flow at one stage: policy/fairness.py).
 CREATE TABLE flows (
     flow       TEXT PRIMARY KEY,
     finish_tag REAL NOT NULL, served INTEGER NOT NULL DEFAULT 0
