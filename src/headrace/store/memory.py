@@ -95,6 +95,8 @@ class MemoryStore:
         self._delayed: list[tuple[float, int]] = []  # ready, but not before run_at
         self._aging: list[tuple[float, int]] = []  # ready below the aging ceiling
         self._running: set[int] = set()
+        # (lease end, task) as each running lease was taken or renewed; stale ones passed over.
+        self._lease_ends: list[tuple[float, int]] = []
         self._waiting: set[int] = set()
         self._ledger: dict[tuple[str, str], float] = defaultdict(float)
         self._woken = asyncio.Event()  # set when work may have become claimable
@@ -226,6 +228,9 @@ class MemoryStore:
                 index.add(record.id)
             else:
                 index.discard(record.id)
+        leased = record.state is TaskState.RUNNING and record.lease_until is not None
+        if leased and (old is None or old.lease_until != record.lease_until):
+            heapq.heappush(self._lease_ends, (record.lease_until or 0.0, record.id))
         if record.state is TaskState.READY and (
             old is None
             or old.state is not TaskState.READY
@@ -724,9 +729,15 @@ class MemoryStore:
         return self._reap(self.clock.now())
 
     def _reap(self, now: float) -> int:
-        running = (self._tasks[task_id] for task_id in self._running)
-        expired = [t for t in running if t.lease_until is not None and t.lease_until <= now]
-        expired.sort(key=lambda t: t.id)
+        found: dict[int, TaskRecord] = {}
+        ends = self._lease_ends
+        while ends and ends[0][0] <= now:
+            until, task_id = heapq.heappop(ends)
+            task = self._tasks[task_id]
+            # An entry outlived by a renewal or by the attempt's end is passed over.
+            if task_id in self._running and task.lease_until == until:
+                found[task_id] = task
+        expired = [found[task_id] for task_id in sorted(found)]
         for task in expired:
             self._expire(task, now)
         return len(expired)
