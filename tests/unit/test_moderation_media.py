@@ -90,3 +90,18 @@ def test_derivative_names_are_the_stages_own(tmp_path: Path, name: str) -> None:
     media = MediaStore(tmp_path)
     with media.deriving(media.new_media_id(), "derive", 1) as made, pytest.raises(ConfigError):
         made.file(name)
+
+
+def test_what_a_killed_attempt_left_half_written_goes_with_the_next_attempt(
+    tmp_path: Path,
+) -> None:
+    media = MediaStore(tmp_path)
+    media_id = media.new_media_id()
+    killed = media.begin_deriving(media_id, "derive", 1)  # its worker dies before it ends
+    (killed.path / "preview.webp").write_bytes(b"half")
+    other = media.begin_deriving(media.new_media_id(), "derive", 1)  # another item's: kept
+    with media.deriving(media_id, "derive", 1) as again:
+        assert again.created
+        again.file("preview.webp").write_bytes(b"whole")
+    assert [p.name for p in (tmp_path / "derived" / media_id).iterdir()] == ["derive.v1"]
+    assert other.path.is_dir()

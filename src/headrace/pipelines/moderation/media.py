@@ -134,19 +134,31 @@ class MediaStore:
     def begin_deriving(self, media_id: str, stage: str, version: int) -> Derived:
         """The derivatives (media id, stage version) has (`created` False), or a fresh
         directory to write them in (`created` True): `finish_deriving` puts it in place, and
-        the caller removes it if it never does."""
+        the caller removes it if it never does.
+
+        What an earlier attempt left half written (its worker killed) is removed first: the
+        stage's lease makes this the only live attempt, and an attempt that lost its lease and
+        still writes fails at its rename, its outcome refused by the store."""
         final = self._derived_path(media_id, stage, version)
         if final.is_dir():
             return Derived(final, created=False)
         final.parent.mkdir(parents=True, exist_ok=True)
+        for stale in final.parent.glob(f".{final.name}.*"):
+            shutil.rmtree(stale, ignore_errors=True)
         return Derived(Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent)), True)
 
     def finish_deriving(self, made: Derived, media_id: str, stage: str, version: int) -> Derived:
         """Flush what `made` holds and rename it into place, unless another attempt got there
         first (then its set stands and this one is dropped); return the set in place."""
         final = self._derived_path(media_id, stage, version)
-        for written in made.path.iterdir():
-            with written.open("rb") as handle:
+        try:
+            written = list(made.path.iterdir())
+        except FileNotFoundError:  # swept by a later attempt (this one had lost its lease)
+            if final.is_dir():
+                return Derived(final, created=False)
+            raise
+        for path in written:
+            with path.open("rb") as handle:
                 os.fsync(handle.fileno())
         try:
             os.rename(made.path, final)  # fails when another attempt got there first
