@@ -54,8 +54,9 @@ async def test_videos_take_their_slots_and_photos_keep_flowing() -> None:
         stats = await worker.drain()
     assert stats.succeeded == 24
     assert most_at_once(spans["video"]) == 2
-    assert most_at_once(spans["image"]) == 6
-    # 18 photos at six at once: done within 3 s, while the first videos still run.
+    # Photos run in their six slots and in the two of the idle audio class: 18 within 3 s,
+    # while the first videos still run.
+    assert most_at_once(spans["image"]) == 8
     assert max(end for _, _, end in spans["image"]) == pytest.approx(3.0, abs=0.1)
     # A video starts as soon as a video slot frees: three rounds of two, 10 s each.
     starts = Counter(round(began) for _, began, _ in spans["video"])
@@ -67,7 +68,7 @@ async def test_a_worker_budget_is_configurable() -> None:
     async with app:
         await app.submit([app.definition("video").spec(f"v{i}") for i in range(4)])
         await app.submit([app.definition("image").spec(f"p{i}") for i in range(4)])
-        await hr.Worker(app, classes={"image": 1, "video": 3}).drain()
+        await hr.Worker(app, classes={"image": 1, "video": 3}, borrow=False).drain()
     assert most_at_once(spans["video"]) == 3
     assert most_at_once(spans["image"]) == 1
 
@@ -104,3 +105,52 @@ def test_a_budget_knows_each_class_room() -> None:
     assert budget.open_kinds(["thumb", "render", "other"], room) == ["thumb", "other"]
     assert budget.filled(["thumb"], room)
     assert not budget.filled([], room)
+
+
+async def test_photos_run_in_idle_video_slots_and_give_them_back_within_one_photo() -> None:
+    app, spans = media_app()
+    async with app:
+        await app.submit([app.definition("image").spec(f"p{i}") for i in range(30)])
+        worker = hr.Worker(app)  # image 6, audio 2, video 2
+        running = asyncio.create_task(worker.drain())
+        await asyncio.sleep(1.5)  # photos in every slot, the idle classes' too
+        await app.submit([app.definition("video").spec("v0")])
+        stats = await running
+    assert most_at_once(spans["image"]) == 10 == worker.slots
+    assert stats.borrowed > 0
+    [(_, began, _)] = spans["video"]
+    assert began - 1.5 <= 1.0 + 0.01  # a borrowed slot came back when its photo ended
+
+
+async def test_a_heavy_class_never_takes_a_light_class_slots() -> None:
+    app, spans = media_app()
+    async with app:
+        await app.submit([app.definition("video").spec(f"v{i}") for i in range(6)])
+        stats = await hr.Worker(app).drain()
+    assert most_at_once(spans["video"]) == 2  # the image and audio slots stay idle
+    assert stats.borrowed == 0
+
+
+async def test_borrowing_can_be_turned_off() -> None:
+    app, spans = media_app()
+    async with app:
+        await app.submit([app.definition("image").spec(f"p{i}") for i in range(12)])
+        stats = await hr.Worker(app, borrow=False).drain()
+    assert most_at_once(spans["image"]) == 6
+    assert stats.borrowed == 0
+
+
+def test_idle_slots_go_to_full_classes_with_more_slots() -> None:
+    budget = ClassBudget(
+        {"image": 6, "audio": 2, "video": 2},
+        {"thumb": "image", "speech": "audio", "render": "video"},
+    )
+    room = budget.room(["thumb"] * 6)  # the photos' own slots are all taken
+    assert room == {"image": 0, "audio": 2, "video": 2}
+    [lent] = budget.lendable([], room)  # nothing of audio or video to claim
+    assert lent.kinds == frozenset({"thumb"}) and lent.limit == 4
+    [lent] = budget.lendable(["render"], room)  # a video took one of its two
+    assert lent.limit == 3
+    # Photos have room of their own: nothing is lent; a video class never borrows photo slots.
+    assert budget.lendable([], budget.room([])) == []
+    assert budget.lendable(["render", "render"], budget.room([])) == []

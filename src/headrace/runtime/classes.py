@@ -2,7 +2,13 @@
 every slot. A stage names its class (`@app.task(cost_class="video")`); a worker gives each class
 a number of slots (by default image 6, audio 2, video 2) and claims a class's stages only while
 that class has a slot free. Photos keep flowing while videos use their own two slots, and a
-burst of videos waits for those slots without holding anything else."""
+burst of videos waits for those slots without holding anything else.
+
+A class's slots are its own, not walls: slots a class leaves idle (nothing of it to claim) are
+lent to the classes with more slots than it whose own are all taken, and come back when the
+borrowing task ends. So once the videos are done their two slots run photos, and a video that
+arrives then waits for one photo at most; a heavy class never borrows a light class's slots,
+which would keep photos waiting behind a video."""
 
 from __future__ import annotations
 
@@ -73,6 +79,24 @@ class ClassBudget:
     def open_kinds(self, kinds: Iterable[str], room: Mapping[str, int]) -> list[str]:
         """`kinds` less the stages of classes with no slot free."""
         return [k for k in kinds if k not in self.classes_of or room[self.classes_of[k]] > 0]
+
+    def lendable(self, claimed: Iterable[str], room: Mapping[str, int]) -> list[KindLimit]:
+        """What a claim made after `claimed` may borrow, class by class: the slots each class
+        left idle (it had room, and its stages had no more to claim) go to every class with
+        more slots than it that took all its own room (more of its stages may be ready). A
+        borrowed slot needs no return: the lender's room counts only its own tasks, and the
+        worker's slots in all stay as they are, so the next slot to free goes to the lender
+        if it has work."""
+        taken = Counter(self.classes_of[k] for k in claimed if k in self.classes_of)
+        idle = {name: room[name] - taken[name] for name in self.slots if taken[name] < room[name]}
+        limits = []
+        for name, count in self.slots.items():
+            if taken[name] < room[name]:
+                continue  # it has idle slots of its own
+            share = sum(n for lender, n in idle.items() if self.slots[lender] < count)
+            if share and self._kinds[name]:
+                limits.append(KindLimit(self._kinds[name], share))
+        return limits
 
     def filled(self, claimed: Iterable[str], room: Mapping[str, int]) -> bool:
         """Whether a claim took every free slot of some class (more of it may be ready)."""

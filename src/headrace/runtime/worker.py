@@ -22,8 +22,8 @@ import socket
 import traceback
 import uuid
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from headrace.policy.durations import Duration, positive_seconds, seconds
@@ -51,6 +51,7 @@ from headrace.store.types import (
     AwaitRemote,
     ClaimResult,
     Dead,
+    KindLimit,
     Lease,
     Outcome,
     PollAgain,
@@ -81,6 +82,7 @@ class WorkerStats:
     polls: int = 0
     leases_lost: int = 0
     peak_busy: int = 0
+    borrowed: int = 0  # tasks claimed into slots another cost class left idle
     backoffs: deque[float] = field(default_factory=lambda: deque(maxlen=BACKOFFS_KEPT))
 
 
@@ -102,12 +104,15 @@ class Worker:
         timeout: Duration | None = None,
         seed: int | None = None,
         classes: Mapping[str, int] | None = None,
+        borrow: bool = True,
     ) -> None:
         if slots is not None and (isinstance(slots, bool) or slots < 1):
             raise ConfigError(f"worker.slots: expected a positive integer, got {slots!r}")
         self.app = app
         # Slots per cost class, for the app's classed stages (as declared by now).
         self.classes = ClassBudget.for_stages(app.cost_classes(), classes)
+        # Slots a class leaves idle run a class with more slots meanwhile (`ClassBudget.lendable`).
+        self.borrow = borrow
         self.slots = slots or self._default_slots()
         self.poll_slots = poll_slots or self.slots
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -222,12 +227,16 @@ class Worker:
             kinds = self.classes.open_kinds(kinds, room)
         if kinds and self._may_claim():
             free = self.slots - len(self._running)
-            claimed = await self._claim(completions, free, kinds, room)
+            within = self.classes.limits(room) if self.classes else ()
+            claimed = await self._claim(completions, free, kinds, within, alone=not self._running)
             # Every free slot filled (or every free one of a class): more may be ready, to
             # claim as soon as a slot frees.
             self._more = len(claimed.leases) >= free or bool(
                 self.classes and self.classes.filled((x.task.kind for x in claimed.leases), room)
             )
+            if self.classes and self.borrow and len(claimed.leases) < free:
+                claimed = await self._borrow(completions, free, claimed, room)
+                self._more = self._more or len(claimed.leases) >= free
             for lease in claimed.leases:
                 if lease.task.solo:  # it lost a lease beside others: it runs alone here
                     self._solo = lease.task_id
@@ -244,7 +253,13 @@ class Worker:
         return wake_at, polls.now if polls else now
 
     async def _claim(
-        self, completions: Completions, free: int, kinds: list[str], room: Mapping[str, int]
+        self,
+        completions: Completions,
+        free: int,
+        kinds: list[str],
+        within: Sequence[KindLimit],
+        *,
+        alone: bool,
     ) -> ClaimResult:
         taken = completions.take()
         self._claiming = True
@@ -254,9 +269,9 @@ class Worker:
                 free,
                 lease_for=self.lease_for,
                 kinds=kinds,
-                alone=not self._running,
+                alone=alone,
                 finished=taken.outcomes,
-                within=self.classes.limits(room) if self.classes else (),
+                within=within,
             )
         except Exception as error:  # none of the outcomes was recorded: their writers retry
             taken.fail(error)
@@ -268,6 +283,25 @@ class Worker:
             self._claiming = False
         taken.settle(claimed.finished)
         return claimed
+
+    async def _borrow(
+        self, completions: Completions, free: int, claimed: ClaimResult, room: Mapping[str, int]
+    ) -> ClaimResult:
+        """A second claim, for classes whose room was full, in the slots other classes left
+        idle (`ClassBudget.lendable`); `claimed` with its leases added."""
+        assert self.classes is not None
+        lendable = self.classes.lendable((x.task.kind for x in claimed.leases), room)
+        if not lendable:
+            return claimed
+        kinds = sorted({kind for limit in lendable for kind in limit.kinds})
+        left = free - len(claimed.leases)
+        more = await self._claim(completions, left, kinds, lendable, alone=False)
+        self.stats.borrowed += len(more.leases)
+        return replace(
+            claimed,
+            leases=(*claimed.leases, *more.leases),
+            wake_at=earliest(claimed.wake_at, more.wake_at),
+        )
 
     def _default_slots(self) -> int:
         """Without `slots`: 4, or with cost classes their slots, and 4 more for the app's

@@ -268,6 +268,12 @@ def demo_moderation(
     help="Slots of a cost class, e.g. --class video=2 (default: image=6 audio=2 video=2 when "
     "the app's stages name classes).",
 )
+@click.option(
+    "--borrow/--no-borrow",
+    default=True,
+    show_default=True,
+    help="Let a full cost class run in the slots a class with fewer slots leaves idle.",
+)
 @click.option("--lease", default="30s", show_default=True)
 @click.option("--idle", default="0.5s", show_default=True, help="Longest sleep between claims.")
 @click.option("--grace", default="30s", show_default=True, help="Shutdown wait for handlers.")
@@ -281,6 +287,7 @@ def worker(
     app_target: str | None,
     slots: int | None,
     classes: tuple[str, ...],
+    borrow: bool,
     lease: str,
     idle: str,
     grace: str,
@@ -295,6 +302,7 @@ def worker(
         app,
         slots=slots,
         classes=budget,
+        borrow=borrow,
         name=name,
         lease=_duration(lease, "--lease"),
         idle=_duration(idle, "--idle"),
