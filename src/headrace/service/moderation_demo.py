@@ -239,11 +239,15 @@ def draw_depths(reports: dict[str, BurstReport], path: Path) -> None:
     figure, axes = plt.subplots(
         len(reports), 1, figsize=(10, 3.6 * len(reports)), sharex=True, squeeze=False
     )
+    every = sorted({k for r in reports.values() for _, depths in r.depth_series for k in depths})
+    palette = plt.get_cmap("tab10")
+    colours = {kind: palette(n % palette.N) for n, kind in enumerate(every)}  # one per stage
     for axis, (order, report) in zip(axes[:, 0], reports.items(), strict=True):
         kinds = sorted({kind for _, depths in report.depth_series for kind in depths})
         times = [at for at, _ in report.depth_series]
         for kind in kinds:
-            axis.plot(times, [d.get(kind, 0) for _, d in report.depth_series], label=kind)
+            depths = [d.get(kind, 0) for _, d in report.depth_series]
+            axis.plot(times, depths, label=kind, color=colours[kind])
         bounds = {b for b in report.bounds.values() if b is not None}
         for bound in sorted(bounds):
             axis.axhline(bound, color="grey", linestyle=":", linewidth=1)
