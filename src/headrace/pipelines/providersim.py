@@ -58,6 +58,7 @@ INJECTIONS = frozenset({"ratelimit", "auth", "flaky", "videofail", "slowsubmit"}
 FLAKY_RATE = 0.15
 REAL_MINUTE = 60.0
 ARRIVALS_KEPT = 100_000  # per provider: the newest arrivals `arrivals()` can return
+KEEP_ALIVE = 30  # seconds the HTTP server keeps an idle connection open
 
 # MiniMax status codes the simulator answers with.
 OK = 0
@@ -606,6 +607,10 @@ class SimServer:
             lifespan="off",
             ws="none",
             timeout_graceful_shutdown=2,
+            # Idle connections outlive an httpx client's (5 s), as a vendor's do: the client
+            # drops one first. Equal timeouts race: under load a request goes out on a
+            # connection the server is closing, and fails with a transport error.
+            timeout_keep_alive=KEEP_ALIVE,
         )
         self._server = uvicorn.Server(config)
         self._task: asyncio.Task[None] | None = None
