@@ -107,7 +107,7 @@ def table(results: list[dict[str, Any]]) -> Table:
     for name, value in rows:
         cells = [str(value(r[order])) for r in results for order in ("fair", "fifo")]
         out.add_row(name, *cells)
-    delays = [f"{r['heavy_delay_s']}" for r in results for _ in (0, 1)]
+    delays = [cell for r in results for cell in (f"{r['heavy_delay_s']}", "")]
     out.add_row("heavy's delay on a latecomer, s", *delays)
     return out
 
@@ -117,11 +117,19 @@ def main() -> None:
     parser.add_argument("--scale", type=int, action="append", help="default: 1 and 100")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
-    results = [measure(scale) for scale in args.scale or [1, 100]]
-    Console().print(table(results))
+    console = Console()
+    results: list[dict[str, Any]] = []
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    Console().print(f"saved to {args.out}")
+    for scale in args.scale or [1, 100]:
+        results.append(measure(scale))
+        done = results[-1]
+        console.print(
+            f"x{scale}: {done['uploads']} uploads in {done['real_seconds']} s of real time; "
+            f"heavy's delay {done['heavy_delay_s']} s"
+        )
+        args.out.write_text(json.dumps(results, indent=2) + "\n")  # each scale as it ends
+    console.print(table(results))
+    console.print(f"saved to {args.out}")
 
 
 if __name__ == "__main__":
