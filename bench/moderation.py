@@ -1,13 +1,14 @@
 """The moderation burst on the virtual clock, at the demo's size times `--scale`.
 
-`python -m bench.moderation --scale 1 --scale 100 --out bench/results/moderation.json`
+`python -m bench.moderation --scale 1 --scale 10 --scale 100 --out bench/results/moderation.json`
 
 Each scale runs the pipeline's own stages (classes, bounds, admission, fair tags, records,
 derivative sets) with `ModelWork` (each stage waits as long as the media code takes) on the
 memory store and the virtual-time loop: headrace's order, the same burst without its heavy
 contributors (to measure what they cost a latecomer), and FIFO over the same slots. A deployment
-sized for the event: `scale` workers of the default slots, admission per event `scale` times
-the default. Printed as a table, saved as JSON.
+sized for the event: `scale` workers of the default slots, admission per event and each scan and
+derive stage's bound `scale` times the default (per session stays as it is). Printed as a
+table, saved as JSON.
 """
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ SCRATCH = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
 async def one(burst: Burst, order: Order) -> BurstReport:
     with tempfile.TemporaryDirectory(prefix="headrace-burst-", dir=SCRATCH) as scratch:
         app = hr.App("memory://")
-        admission = Admission(per_event=Admission.per_event * burst.scale)
+        admission = Admission(
+            per_event=Admission.per_event * burst.scale,
+            stage_bound=Admission.stage_bound * burst.scale,  # 10 per slot, as by default
+        )
         moderation = Moderation(
             app,
             MediaStore(scratch),
