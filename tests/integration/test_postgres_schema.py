@@ -138,6 +138,9 @@ async def test_migrating_from_empty_gives_the_declared_schema(
         "gates",
         "flows",
         "attempts",
+        "records",
+        "audit",
+        "outbox",
         "ledger",
     }
     indexes = {row[1] for row in ours["indexes"]}

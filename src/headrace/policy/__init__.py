@@ -17,6 +17,7 @@ from headrace.policy.errors import (
     TaskFailure,
     Transient,
     UnknownGate,
+    UnknownRecord,
     UnknownTask,
 )
 from headrace.policy.gate import Gate, GateConfig, GateState, GateStatistics, Refusal
@@ -53,6 +54,7 @@ __all__ = [
     "Tier",
     "Transient",
     "UnknownGate",
+    "UnknownRecord",
     "UnknownTask",
     "WallClock",
     "aged_tier",

@@ -12,6 +12,7 @@ HeadraceError
 └── StoreError             the durable store refused an operation
     ├── LeaseLost          the caller no longer owns the task (expired, re-claimed, cancelled)
     ├── UnknownTask        no task with that id
+    ├── UnknownRecord      no record of that kind and id
     ├── QueueFull          a stage's waiting bound is reached and the producer asked to refuse
     ├── SchemaTooNew       the store was migrated by a newer headrace than this one
     └── StoreUnavailable   the store cannot be reached (connection lost): retry the verb later
@@ -133,6 +134,13 @@ class UnknownTask(StoreError):
     def __init__(self, task_id: int) -> None:
         super().__init__(f"task {task_id}: no such task")
         self.task_id = task_id
+
+
+class UnknownRecord(StoreError):
+    def __init__(self, kind: str, record_id: str) -> None:
+        super().__init__(f"{kind} {record_id!r}: no such record")
+        self.kind = kind
+        self.record_id = record_id
 
 
 class QueueFull(StoreError):

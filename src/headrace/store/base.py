@@ -7,10 +7,11 @@ Every verb is one transaction. Time for leases, run_at and gate windows is the s
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from headrace.policy.errors import HeadraceError
 from headrace.policy.gate import GateStatistics
+from headrace.store.records import Audit, AuditRow, Changed, Notice, OutboxRow, Record
 from headrace.store.types import (
     Attempt,
     ClaimResult,
@@ -157,3 +158,85 @@ class Store(Protocol):
     async def group_report(self, group: str) -> GroupReport: ...
 
     async def gate_statistics(self) -> list[GateStatistics]: ...
+
+    # -- records, the audit log and the outbox (store/records.py)
+
+    async def put_record(
+        self,
+        kind: str,
+        record_id: str,
+        *,
+        scope: str,
+        state: str,
+        body: Mapping[str, Any] | None = None,
+        audit: Audit | None = None,
+    ) -> Changed:
+        """Create a record unless one of this kind and id exists: then return that one, not
+        applied, and write nothing. `audit` is written with a record created."""
+        ...
+
+    async def change_record(
+        self,
+        kind: str,
+        record_id: str,
+        *,
+        state: str | None = None,
+        body: Mapping[str, Any] | None = None,
+        when: Collection[str] | None = None,
+        audit: Audit | None = None,
+        notice: Notice | None = None,
+    ) -> Changed:
+        """Set a record's state and `body`'s keys, if its state is among `when` (or always),
+        in one transaction with `audit` (written either way, with the outcome) and `notice`
+        (to the outbox, only when the change applied). Raise UnknownRecord if there is none."""
+        ...
+
+    async def write_audit(
+        self, kind: str, record_id: str, *, scope: str, audit: Audit, outcome: str
+    ) -> None:
+        """An audit row for an attempt that changed nothing (one denied, say)."""
+        ...
+
+    async def get_record(self, kind: str, record_id: str) -> Record | None: ...
+
+    async def list_records(
+        self,
+        kind: str,
+        *,
+        scope: str | None = None,
+        state: str | None = None,
+        after: int = 0,
+        limit: int = 100,
+    ) -> list[Record]:
+        """Records of a kind whose seq is past `after`, in seq order."""
+        ...
+
+    async def count_records(
+        self,
+        kind: str,
+        *,
+        scope: str | None = None,
+        state: str | None = None,
+        after: int = 0,
+    ) -> int: ...
+
+    async def audit_log(
+        self,
+        *,
+        kind: str | None = None,
+        record_id: str | None = None,
+        scope: str | None = None,
+        limit: int = 1000,
+    ) -> list[AuditRow]:
+        """Audit rows in the order written."""
+        ...
+
+    async def outbox(
+        self, *, after: int = 0, pending: bool = True, limit: int = 100
+    ) -> list[OutboxRow]:
+        """Notifications past id `after` in the order written (not yet delivered: `pending`)."""
+        ...
+
+    async def mark_delivered(self, ids: Collection[int]) -> int:
+        """Mark notifications delivered; return how many were not before."""
+        ...

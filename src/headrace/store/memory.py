@@ -32,6 +32,7 @@ from headrace.policy.tiers import AGING_CEILING, aged_tier
 from headrace.store import bounds as stage_bounds
 from headrace.store import idempotency
 from headrace.store.dispatch import GateBook, KindBudget, earliest, fits_claim, gate_key
+from headrace.store.memory_records import MemoryRecords
 from headrace.store.types import (
     ACTIVE,
     CANCELLED,
@@ -64,9 +65,10 @@ from headrace.store.types import (
 )
 
 
-class MemoryStore:
+class MemoryStore(MemoryRecords):
     def __init__(self, clock: Clock | None = None) -> None:
-        self.clock: Clock = clock or LoopClock()
+        super().__init__()
+        self.clock = clock or LoopClock()
         self.settings = Settings()
         self._configs: dict[str, GateConfig] = {}
         self._tasks: dict[int, TaskRecord] = {}

@@ -5,11 +5,25 @@ transaction (`_write`, `_read`) and in their claims."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from headrace.policy.errors import HeadraceError
 from headrace.policy.gate import GateStatistics
 from headrace.store.machine import Transaction
+from headrace.store.records import (
+    Audit,
+    AuditRow,
+    Changed,
+    Notice,
+    OutboxRow,
+    Record,
+    check_audit,
+    check_notice,
+    check_page,
+    check_record,
+    dump,
+    load,
+)
 from headrace.store.types import (
     Attempt,
     ClaimResult,
@@ -135,6 +149,102 @@ class TransactionVerbs:
 
     async def gate_statistics(self: Transacts) -> list[GateStatistics]:
         return await self._read(lambda tx: tx.gate_statistics())
+
+
+class RecordVerbs:
+    """The record verbs (`store/records.py`) of a store that `Transacts`, checked at the edge."""
+
+    async def put_record(
+        self: Transacts,
+        kind: str,
+        record_id: str,
+        *,
+        scope: str,
+        state: str,
+        body: Mapping[str, Any] | None = None,
+        audit: Audit | None = None,
+    ) -> Changed:
+        check_record(kind, record_id, scope, state)
+        check_audit(audit)
+        text = dump(body or {})
+        return await self._write(
+            lambda tx: tx.put_record(kind, record_id, scope, state, text, audit)
+        )
+
+    async def change_record(
+        self: Transacts,
+        kind: str,
+        record_id: str,
+        *,
+        state: str | None = None,
+        body: Mapping[str, Any] | None = None,
+        when: Collection[str] | None = None,
+        audit: Audit | None = None,
+        notice: Notice | None = None,
+    ) -> Changed:
+        check_record(kind, record_id, None, state)
+        check_audit(audit)
+        check_notice(notice)
+        changes = None if body is None else load(dump(body))
+        states = None if when is None else frozenset(when)
+        return await self._write(
+            lambda tx: tx.change_record(kind, record_id, state, changes, states, audit, notice)
+        )
+
+    async def write_audit(
+        self: Transacts, kind: str, record_id: str, *, scope: str, audit: Audit, outcome: str
+    ) -> None:
+        check_record(kind, record_id, scope, None)
+        check_audit(audit)
+        await self._write(lambda tx: tx.write_audit(kind, record_id, scope, audit, outcome))
+
+    async def get_record(self: Transacts, kind: str, record_id: str) -> Record | None:
+        check_record(kind, record_id, None, None)
+        return await self._read(lambda tx: tx.get_record(kind, record_id))
+
+    async def list_records(
+        self: Transacts,
+        kind: str,
+        *,
+        scope: str | None = None,
+        state: str | None = None,
+        after: int = 0,
+        limit: int = 100,
+    ) -> list[Record]:
+        check_page(after, limit)
+        return await self._read(lambda tx: tx.list_records(kind, scope, state, after, limit))
+
+    async def count_records(
+        self: Transacts,
+        kind: str,
+        *,
+        scope: str | None = None,
+        state: str | None = None,
+        after: int = 0,
+    ) -> int:
+        check_page(after, 1)
+        return await self._read(lambda tx: tx.count_records(kind, scope, state, after))
+
+    async def audit_log(
+        self: Transacts,
+        *,
+        kind: str | None = None,
+        record_id: str | None = None,
+        scope: str | None = None,
+        limit: int = 1000,
+    ) -> list[AuditRow]:
+        check_page(0, limit)
+        return await self._read(lambda tx: tx.audit_log(kind, record_id, scope, limit))
+
+    async def outbox(
+        self: Transacts, *, after: int = 0, pending: bool = True, limit: int = 100
+    ) -> list[OutboxRow]:
+        check_page(after, limit)
+        return await self._read(lambda tx: tx.outbox(after, pending, limit))
+
+    async def mark_delivered(self: Transacts, ids: Collection[int]) -> int:
+        wanted = sorted(ids)
+        return await self._write(lambda tx: tx.mark_delivered(wanted))
 
 
 def kinds_list(kinds: Collection[str] | None) -> list[str] | None:

@@ -25,6 +25,7 @@ from headrace.policy.errors import (
 )
 from headrace.policy.gate import GateStatistics
 from headrace.store.machine.claim import Claiming
+from headrace.store.machine.records import RecordSteps
 from headrace.store.rows import (
     attempt_of,
     counts_by_state,
@@ -42,7 +43,7 @@ from headrace.store.types import (
 )
 
 
-class Transaction(Claiming):
+class Transaction(Claiming, RecordSteps):
     """One verb's transaction: the statements it runs and the state machine's steps, as in
     `MemoryStore` and `SQLiteStore` (the conformance suite holds the three to one semantics)."""
 

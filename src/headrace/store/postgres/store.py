@@ -84,7 +84,7 @@ from headrace.store.types import (
     Submitted,
     Succeeded,
 )
-from headrace.store.verbs import TransactionVerbs, kinds_list
+from headrace.store.verbs import RecordVerbs, TransactionVerbs, kinds_list
 
 T = TypeVar("T")
 
@@ -101,7 +101,7 @@ CLOCK_REUSE = 1.0
 CONFLICT_TRIES = 5
 
 
-class PostgresStore(TransactionVerbs):
+class PostgresStore(TransactionVerbs, RecordVerbs):
     """The store many processes on many hosts share: one PostgreSQL schema."""
 
     def __init__(

@@ -688,3 +688,85 @@ SELECT kind, sum(units) AS units FROM ledger WHERE grp = %(grp)s::text GROUP BY 
 SELECT id, kind, ref, error_code, attempt FROM tasks
 WHERE grp = %(grp)s::text AND state = 'dead'
 ORDER BY id;
+
+-- name: insert_record
+-- A new record, numbered by the record sequence; no row when one of that kind and id exists.
+INSERT INTO records (kind, id, scope, state, body, seq, created_at, changed_at)
+VALUES (%(kind)s::text, %(id)s::text, %(scope)s::text, %(state)s::text, %(body)s::jsonb,
+        nextval('record_changes'), %(now)s::double precision, %(now)s::double precision)
+ON CONFLICT (kind, id) DO NOTHING
+RETURNING *;
+
+-- name: record_by_id
+-- One record.
+SELECT * FROM records WHERE kind = %(kind)s::text AND id = %(id)s::text;
+
+-- name: lock_record
+-- One record, locked until the end of the transaction: concurrent changes to it take turns.
+SELECT * FROM records WHERE kind = %(kind)s::text AND id = %(id)s::text FOR UPDATE;
+
+-- name: move_record
+-- A record's new state and body, numbered by the record sequence.
+UPDATE records
+SET state = %(state)s::text, body = %(body)s::jsonb, changed_at = %(now)s::double precision,
+    seq = nextval('record_changes')
+WHERE kind = %(kind)s::text AND id = %(id)s::text
+RETURNING *;
+
+-- name: rewrite_record
+-- A record's new body, its state and place in order kept.
+UPDATE records SET body = %(body)s::jsonb, changed_at = %(now)s::double precision
+WHERE kind = %(kind)s::text AND id = %(id)s::text
+RETURNING *;
+
+-- name: list_records
+-- Records of a kind past a seq, in seq order, optionally of one scope and state.
+SELECT * FROM records
+WHERE kind = %(kind)s::text
+  AND (%(scope)s::text IS NULL OR scope = %(scope)s::text)
+  AND (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND seq > %(after)s::bigint
+ORDER BY seq
+LIMIT %(limit)s::integer;
+
+-- name: count_records
+-- How many records of a kind are past a seq, optionally of one scope and state.
+SELECT count(*) AS n FROM records
+WHERE kind = %(kind)s::text
+  AND (%(scope)s::text IS NULL OR scope = %(scope)s::text)
+  AND (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND seq > %(after)s::bigint;
+
+-- name: insert_audit
+-- One audit row.
+INSERT INTO audit (at, kind, record_id, scope, action, actor, outcome, detail)
+VALUES (%(now)s::double precision, %(kind)s::text, %(record_id)s::text, %(scope)s::text,
+        %(action)s::text, %(actor)s::text, %(outcome)s::text, %(detail)s::jsonb);
+
+-- name: audit_rows
+-- Audit rows in the order written, optionally of one record kind, record and scope.
+SELECT * FROM audit
+WHERE (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+  AND (%(record_id)s::text IS NULL OR record_id = %(record_id)s::text)
+  AND (%(scope)s::text IS NULL OR scope = %(scope)s::text)
+ORDER BY id
+LIMIT %(limit)s::integer;
+
+-- name: insert_notice
+-- A notification owed, in the outbox.
+INSERT INTO outbox (at, topic, kind, record_id, scope, body)
+VALUES (%(now)s::double precision, %(topic)s::text, %(kind)s::text, %(record_id)s::text,
+        %(scope)s::text, %(body)s::jsonb);
+
+-- name: outbox_rows
+-- Notifications past an id in the order written, only those not delivered when `pending`.
+SELECT * FROM outbox
+WHERE id > %(after)s::bigint AND (NOT %(pending)s::boolean OR delivered_at IS NULL)
+ORDER BY id
+LIMIT %(limit)s::integer;
+
+-- name: mark_delivered
+-- Notifications delivered now (those not marked before).
+UPDATE outbox SET delivered_at = %(now)s::double precision
+WHERE id = ANY(%(ids)s::bigint[]) AND delivered_at IS NULL
+RETURNING id;

@@ -588,3 +588,83 @@ WHERE tasks.id = met.task_id;
 UPDATE tasks
 SET state = 'succeeded', finished_at = :now, lease_until = NULL, error_code = NULL
 WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- name: insert_record
+-- A new record, numbered after every other; no row when one of that kind and id exists.
+INSERT INTO records (kind, id, scope, state, body, seq, created_at, changed_at)
+VALUES (:kind, :id, :scope, :state, :body,
+        (SELECT coalesce(max(seq), 0) + 1 FROM records), :now, :now)
+ON CONFLICT (kind, id) DO NOTHING
+RETURNING *;
+
+-- name: record_by_id
+-- One record.
+SELECT * FROM records WHERE kind = :kind AND id = :id;
+
+-- name: lock_record
+-- One record, about to be changed (writers are serialised: no lock to take).
+SELECT * FROM records WHERE kind = :kind AND id = :id;
+
+-- name: move_record
+-- A record's new state and body, numbered after every other change.
+UPDATE records
+SET state = :state, body = :body, changed_at = :now,
+    seq = (SELECT coalesce(max(seq), 0) + 1 FROM records)
+WHERE kind = :kind AND id = :id
+RETURNING *;
+
+-- name: rewrite_record
+-- A record's new body, its state and place in order kept.
+UPDATE records SET body = :body, changed_at = :now
+WHERE kind = :kind AND id = :id
+RETURNING *;
+
+-- name: list_records
+-- Records of a kind past a seq, in seq order, optionally of one scope and state.
+SELECT * FROM records
+WHERE kind = :kind
+  AND (:scope IS NULL OR scope = :scope)
+  AND (:state IS NULL OR state = :state)
+  AND seq > :after
+ORDER BY seq
+LIMIT :limit;
+
+-- name: count_records
+-- How many records of a kind are past a seq, optionally of one scope and state.
+SELECT count(*) AS n FROM records
+WHERE kind = :kind
+  AND (:scope IS NULL OR scope = :scope)
+  AND (:state IS NULL OR state = :state)
+  AND seq > :after;
+
+-- name: insert_audit
+-- One audit row.
+INSERT INTO audit (at, kind, record_id, scope, action, actor, outcome, detail)
+VALUES (:now, :kind, :record_id, :scope, :action, :actor, :outcome, :detail);
+
+-- name: audit_rows
+-- Audit rows in the order written, optionally of one record kind, record and scope.
+SELECT * FROM audit
+WHERE (:kind IS NULL OR kind = :kind)
+  AND (:record_id IS NULL OR record_id = :record_id)
+  AND (:scope IS NULL OR scope = :scope)
+ORDER BY id
+LIMIT :limit;
+
+-- name: insert_notice
+-- A notification owed, in the outbox.
+INSERT INTO outbox (at, topic, kind, record_id, scope, body)
+VALUES (:now, :topic, :kind, :record_id, :scope, :body);
+
+-- name: outbox_rows
+-- Notifications past an id in the order written, only those not delivered when `pending`.
+SELECT * FROM outbox
+WHERE id > :after AND (NOT :pending OR delivered_at IS NULL)
+ORDER BY id
+LIMIT :limit;
+
+-- name: mark_delivered
+-- Notifications delivered now (those not marked before).
+UPDATE outbox SET delivered_at = :now
+WHERE id IN (SELECT value FROM json_each(:ids)) AND delivered_at IS NULL
+RETURNING id;

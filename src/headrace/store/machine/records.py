@@ -1,0 +1,167 @@
+"""Records, their audit rows and the outbox (`store/records.py`) as transaction steps: a change
+locks its record, decides (`records.decide`), and writes the record, the audit row and the
+notice it owes together."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from headrace.policy.errors import UnknownRecord
+from headrace.store.machine.core import Steps
+from headrace.store.records import (
+    Audit,
+    AuditRow,
+    Changed,
+    Notice,
+    OutboxRow,
+    Record,
+    decide,
+    dump,
+    load,
+)
+from headrace.store.rows import Row
+
+
+class RecordSteps(Steps):
+    async def put_record(
+        self, kind: str, record_id: str, scope: str, state: str, body: str, audit: Audit | None
+    ) -> Changed:
+        made = await self.row(
+            "insert_record", kind=kind, id=record_id, scope=scope, state=state, body=body
+        )
+        if made is None:  # it exists: the first writer's record stands
+            return Changed(
+                record_of(await self.one("record_by_id", kind=kind, id=record_id)), False
+            )
+        record = record_of(made)
+        if audit is not None:
+            await self.audit_row(record, audit, "applied")
+        return Changed(record, True)
+
+    async def change_record(
+        self,
+        kind: str,
+        record_id: str,
+        state: str | None,
+        body: Mapping[str, Any] | None,
+        when: Collection[str] | None,
+        audit: Audit | None,
+        notice: Notice | None,
+    ) -> Changed:
+        found = await self.row("lock_record", kind=kind, id=record_id)
+        if found is None:
+            raise UnknownRecord(kind, record_id)
+        record = record_of(found)
+        decision = decide(record, state, body, when)
+        if decision.applied:
+            query = "move_record" if decision.moved else "rewrite_record"
+            record = record_of(
+                await self.one(
+                    query, kind=kind, id=record_id, state=decision.state, body=dump(decision.body)
+                )
+            )
+        if audit is not None:
+            await self.audit_row(record, audit, decision.outcome)
+        if notice is not None and decision.applied:
+            await self.run(
+                "insert_notice",
+                topic=notice.topic,
+                kind=kind,
+                record_id=record_id,
+                scope=record.scope,
+                body=dump(notice.body),
+            )
+        return Changed(record, decision.applied)
+
+    async def audit_row(self, record: Record, audit: Audit, outcome: str) -> None:
+        await self.write_audit(record.kind, record.id, record.scope, audit, outcome)
+
+    async def write_audit(
+        self, kind: str, record_id: str, scope: str, audit: Audit, outcome: str
+    ) -> None:
+        await self.run(
+            "insert_audit",
+            kind=kind,
+            record_id=record_id,
+            scope=scope,
+            action=audit.action,
+            actor=audit.actor,
+            outcome=outcome,
+            detail=dump(audit.detail),
+        )
+
+    async def get_record(self, kind: str, record_id: str) -> Record | None:
+        found = await self.row("record_by_id", kind=kind, id=record_id)
+        return None if found is None else record_of(found)
+
+    async def list_records(
+        self, kind: str, scope: str | None, state: str | None, after: int, limit: int
+    ) -> list[Record]:
+        found = await self.rows(
+            "list_records", kind=kind, scope=scope, state=state, after=after, limit=limit
+        )
+        return [record_of(row) for row in found]
+
+    async def count_records(
+        self, kind: str, scope: str | None, state: str | None, after: int
+    ) -> int:
+        found = await self.one("count_records", kind=kind, scope=scope, state=state, after=after)
+        return int(found["n"])
+
+    async def audit_log(
+        self, kind: str | None, record_id: str | None, scope: str | None, limit: int
+    ) -> list[AuditRow]:
+        found = await self.rows(
+            "audit_rows", kind=kind, record_id=record_id, scope=scope, limit=limit
+        )
+        return [audit_of(row) for row in found]
+
+    async def outbox(self, after: int, pending: bool, limit: int) -> list[OutboxRow]:
+        found = await self.rows("outbox_rows", after=after, pending=pending, limit=limit)
+        return [notice_of(row) for row in found]
+
+    async def mark_delivered(self, ids: Sequence[int]) -> int:
+        found = await self.rows("mark_delivered", ids=list(ids))
+        return len(found)
+
+
+def record_of(row: Row) -> Record:
+    return Record(
+        kind=row["kind"],
+        id=row["id"],
+        scope=row["scope"],
+        state=row["state"],
+        body=load(row["body"]),
+        seq=int(row["seq"]),
+        created_at=float(row["created_at"]),
+        changed_at=float(row["changed_at"]),
+    )
+
+
+def audit_of(row: Row) -> AuditRow:
+    return AuditRow(
+        id=int(row["id"]),
+        at=float(row["at"]),
+        kind=row["kind"],
+        record_id=row["record_id"],
+        scope=row["scope"],
+        action=row["action"],
+        actor=row["actor"],
+        outcome=row["outcome"],
+        detail=load(row["detail"]),
+    )
+
+
+def notice_of(row: Row) -> OutboxRow:
+    delivered = row["delivered_at"]
+    return OutboxRow(
+        id=int(row["id"]),
+        at=float(row["at"]),
+        topic=row["topic"],
+        kind=row["kind"],
+        record_id=row["record_id"],
+        scope=row["scope"],
+        body=load(row["body"]),
+        delivered_at=None if delivered is None else float(delivered),
+    )

@@ -1,0 +1,184 @@
+"""Records, the audit log and the outbox, run against every backend."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from headrace.policy import ConfigError, ManualClock, UnknownRecord
+from headrace.store.base import Store
+from headrace.store.records import Audit, Notice
+from headrace.store.types import Settings
+
+from .conftest import GATES
+
+pytestmark = pytest.mark.anyio
+
+APPROVE = Audit("review.approved", "mod-a")
+
+
+async def item(store: Store, media_id: str, state: str = "reviewable", event: str = "ev1") -> None:
+    await store.put_record("item", media_id, scope=event, state=state, body={"size": 1})
+
+
+async def test_a_record_is_created_once_and_the_first_writer_stands(
+    store: Store, clock: ManualClock
+) -> None:
+    clock.advance(5)
+    at = clock.now()
+    first = await store.put_record(
+        "item", "m1", scope="ev1", state="accepted", body={"size": 10}, audit=Audit("upload", "s1")
+    )
+    again = await store.put_record("item", "m1", scope="ev2", state="other", body={"size": 99})
+    assert first.applied and not again.applied
+    assert again.record == first.record
+    assert first.record.body == {"size": 10} and first.record.created_at == at
+    assert await store.get_record("item", "m1") == first.record
+    assert await store.get_record("item", "nope") is None
+    [row] = await store.audit_log(record_id="m1")
+    assert (row.action, row.actor, row.outcome, row.scope) == ("upload", "s1", "applied", "ev1")
+
+
+async def test_a_change_applies_only_from_the_states_it_names_and_is_audited_either_way(
+    store: Store,
+) -> None:
+    await item(store, "m1")
+    notice = Notice("item.approved", {"media_id": "m1"})
+    done = await store.change_record(
+        "item", "m1", state="approved", when={"reviewable"}, audit=APPROVE, notice=notice
+    )
+    late = await store.change_record(
+        "item",
+        "m1",
+        state="rejected",
+        when={"reviewable"},
+        audit=Audit("review.rejected", "mod-b"),
+        notice=Notice("item.rejected"),
+    )
+    assert done.applied and done.record.state == "approved"
+    assert not late.applied and late.record.state == "approved"
+    outcomes = [(row.actor, row.outcome) for row in await store.audit_log(kind="item")]
+    assert outcomes == [("mod-a", "applied"), ("mod-b", "unchanged: approved")]
+    [sent] = await store.outbox()
+    assert (sent.topic, sent.record_id, sent.scope, sent.body) == (
+        "item.approved",
+        "m1",
+        "ev1",
+        {"media_id": "m1"},
+    )
+
+
+async def test_two_moderators_at_once_make_one_change_two_audit_rows_one_notice(
+    store: Store,
+) -> None:
+    await item(store, "m1")
+
+    async def approve(by: str) -> bool:
+        changed = await store.change_record(
+            "item",
+            "m1",
+            state="approved",
+            when={"reviewable"},
+            audit=Audit("review.approved", by),
+            notice=Notice("item.approved"),
+        )
+        return changed.applied
+
+    results = await asyncio.gather(approve("mod-a"), approve("mod-b"))
+    assert sorted(results) == [False, True]
+    assert len(await store.audit_log(record_id="m1")) == 2
+    assert len(await store.outbox(pending=False)) == 1
+
+
+async def test_a_body_change_merges_keys_and_keeps_the_record_in_its_place(store: Store) -> None:
+    await item(store, "m1", state="accepted")
+    await item(store, "m2", state="accepted")
+    kept = await store.change_record("item", "m1", body={"format": "jpeg"})
+    assert kept.record.body == {"size": 1, "format": "jpeg"}
+    listed = await store.list_records("item")
+    assert [record.id for record in listed] == ["m1", "m2"]
+    moved = await store.change_record("item", "m1", state="validated")
+    assert moved.record.seq > listed[-1].seq
+    assert [record.id for record in await store.list_records("item")] == ["m2", "m1"]
+
+
+async def test_a_list_past_a_cursor_shows_only_what_changed_after_it(store: Store) -> None:
+    for media_id, event in (("a", "ev1"), ("b", "ev2"), ("c", "ev1")):
+        await item(store, media_id, event=event)
+    page = await store.list_records("item", scope="ev1", state="reviewable")
+    assert [record.id for record in page] == ["a", "c"]
+    cursor = page[-1].seq
+    await item(store, "d", event="ev1")
+    await item(store, "e", event="ev2")
+    assert await store.count_records("item", scope="ev1", state="reviewable", after=cursor) == 1
+    newer = await store.list_records("item", scope="ev1", after=cursor)
+    assert [record.id for record in newer] == ["d"]
+    assert [r.id for r in await store.list_records("item", limit=2)] == ["a", "b"]
+    assert await store.count_records("item") == 5
+
+
+async def test_a_change_to_a_record_that_is_not_there_is_refused(store: Store) -> None:
+    with pytest.raises(UnknownRecord, match="item 'm9': no such record"):
+        await store.change_record("item", "m9", state="approved", audit=APPROVE)
+    assert await store.audit_log() == []
+
+
+async def test_bad_names_and_bodies_are_refused_at_the_edge(store: Store) -> None:
+    with pytest.raises(ConfigError, match=r"record\.id"):
+        await store.put_record("item", "../etc", scope="ev1", state="accepted")
+    with pytest.raises(ConfigError, match=r"record\.body"):
+        await store.put_record("item", "m1", scope="ev1", state="a", body={"x": float("nan")})
+    with pytest.raises(ConfigError, match=r"audit\.actor"):
+        await store.put_record("item", "m1", scope="ev1", state="a", audit=Audit("upload", ""))
+    with pytest.raises(ConfigError, match="limit"):
+        await store.list_records("item", limit=0)
+    assert await store.get_record("item", "m1") is None
+
+
+async def test_denied_attempts_are_audited_without_a_record(store: Store) -> None:
+    await store.write_audit(
+        "item",
+        "m1",
+        scope="ev2",
+        audit=Audit("read", "mod-a", {"role": "moderator"}),
+        outcome="denied",
+    )
+    [row] = await store.audit_log(scope="ev2")
+    assert (row.outcome, row.detail) == ("denied", {"role": "moderator"})
+
+
+async def test_the_outbox_keeps_a_notice_until_it_is_marked_delivered(
+    store: Store, clock: ManualClock
+) -> None:
+    for media_id in ("m1", "m2"):
+        await item(store, media_id)
+        await store.change_record(
+            "item", media_id, state="approved", notice=Notice("item.approved")
+        )
+    first, second = await store.outbox()
+    clock.advance(3)
+    assert await store.mark_delivered([first.id]) == 1
+    assert await store.mark_delivered([first.id]) == 0
+    assert [row.id for row in await store.outbox()] == [second.id]
+    [delivered, _] = await store.outbox(pending=False)
+    assert delivered.delivered_at == clock.now()
+    assert [row.id for row in await store.outbox(after=first.id, pending=False)] == [second.id]
+
+
+async def test_records_outlive_the_process(store: Store, reopen: Callable[[], Store]) -> None:
+    await item(store, "m1")
+    await store.change_record("item", "m1", state="approved", audit=APPROVE)
+    await store.close()
+    again = reopen()
+    await again.open(Settings(gates=GATES))
+    try:
+        found = await again.get_record("item", "m1")
+        assert found is not None and found.state == "approved"
+        assert len(await again.audit_log()) == 1
+        await item(again, "m2")  # numbering goes on past what the first process wrote
+        m2 = await again.get_record("item", "m2")
+        assert m2 is not None and m2.seq > found.seq
+    finally:
+        await again.close()
