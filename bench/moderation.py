@@ -51,7 +51,6 @@ async def one(burst: Burst, order: Order) -> BurstReport:
             None,  # ModelWork scans nothing
             work=ModelWork(),
             order=order,
-            durable=False,
             admission=admission,
         )
         async with app:

@@ -54,7 +54,7 @@ def test_a_worker_killed_during_derive_leaves_one_derivative_set_per_item(
         async with moderation.app:
             for n in range(PHOTOS):
                 data = samples.jpeg(800, 600, shade=n * 40)
-                item = moderation.accept_bytes(data, event="gala", session=f"s{n}")
+                item = await moderation.accept_bytes(data, event="gala", session=f"s{n}")
                 await moderation.submit(item)
                 ids.append(item.media_id)
         return ids
@@ -81,10 +81,14 @@ def test_a_worker_killed_during_derive_leaves_one_derivative_set_per_item(
     finally:
         stop(survivor)
 
+    async def states() -> set[ItemState]:
+        async with moderation.app:
+            return {(await moderation.records.get(media_id)).state for media_id in media_ids}
+
     for media_id in media_ids:  # and nothing half written left beside it
         sets = [p.name for p in (derived / media_id).iterdir()]
         assert sets == [f"derive.v{DERIVE_VERSION}"], media_id
-        assert moderation.records.get(media_id).state is ItemState.REVIEWABLE
+    assert asyncio.run(states()) == {ItemState.REVIEWABLE}
     history = read(tmp_path / "moderation.db", everything)
     derives = [(task, runs) for task, runs in history if ".derive." in task.kind]
     assert len(derives) == PHOTOS and Counter(task.ref for task, _ in derives) == Counter(media_ids)

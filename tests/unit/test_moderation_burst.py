@@ -23,9 +23,7 @@ BURST = Burst(crowd_sessions=6, crowd_photos=5, heavy_photos=30, latecomers=3, v
 
 async def replay(tmp_path: Path, burst: Burst, order: Order) -> BurstReport:
     app = hr.App("memory://")
-    moderation = Moderation(
-        app, MediaStore(tmp_path / order), None, work=ModelWork(), order=order, durable=False
-    )
+    moderation = Moderation(app, MediaStore(tmp_path / order), None, work=ModelWork(), order=order)
     async with app:
         slots = sum(DEFAULT_CLASSES.values()) if order == "fifo" else None
         return await run_burst(moderation, burst, tiny_payloads(), slots=slots)

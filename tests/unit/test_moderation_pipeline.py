@@ -55,22 +55,26 @@ async def test_every_sample_ends_where_a_moderator_expects_it(
         items: dict[str, Item] = {}
         for name in EXPECTED:
             with media_samples[name].open("rb") as upload:
-                items[name] = moderation.accept(upload, event="gala", session=f"s-{len(items)}")
-        items["infected.jpg"] = moderation.accept(io.BytesIO(infected), event="gala", session="s-x")
+                items[name] = await moderation.accept(
+                    upload, event="gala", session=f"s-{len(items)}"
+                )
+        items["infected.jpg"] = await moderation.accept(
+            io.BytesIO(infected), event="gala", session="s-x"
+        )
         for item in items.values():
             await moderation.submit(item)
         await hr.Worker(app).drain(fail_fast=False)
         dead = {t.ref: t for t in await app.store.tasks(state=TaskState.DEAD)}
-    for name, (state, media_class, reason) in EXPECTED.items():
-        record = moderation.records.get(items[name].media_id)
-        assert (record.state, record.media_class, record.reason) == (state, media_class, reason)
-        if state is ItemState.REFUSED:  # its validate task is dead with the same safe code
-            assert dead[record.media_id].error_code == reason
-        if state is ItemState.REVIEWABLE:
-            assert record.derived == f"derived/{record.media_id}/derive.v{DERIVE_VERSION}"
-            assert (media.root / record.derived / "metadata.json").is_file()
-    quarantined = moderation.records.get(items["infected.jpg"].media_id)
-    assert (quarantined.state, quarantined.reason) == (ItemState.QUARANTINED, EICAR_NAME)
+        for name, (state, media_class, reason) in EXPECTED.items():
+            record = await moderation.records.get(items[name].media_id)
+            assert (record.state, record.media_class, record.reason) == (state, media_class, reason)
+            if state is ItemState.REFUSED:  # its validate task is dead with the same safe code
+                assert dead[record.media_id].error_code == reason
+            if state is ItemState.REVIEWABLE:
+                assert record.derived == f"derived/{record.media_id}/derive.v{DERIVE_VERSION}"
+                assert (media.root / record.derived / "metadata.json").is_file()
+        quarantined = await moderation.records.get(items["infected.jpg"].media_id)
+        assert (quarantined.state, quarantined.reason) == (ItemState.QUARANTINED, EICAR_NAME)
     assert media.derived(quarantined.media_id, "derive", DERIVE_VERSION) is None  # never derived
 
 
@@ -82,43 +86,46 @@ async def test_a_derive_run_again_reuses_what_the_first_made(
     moderation = Moderation(app, media, BuiltinScanner())
     async with app:
         with media_samples["photo.jpg"].open("rb") as upload:
-            item = moderation.accept(upload, event="gala", session="s1")
+            item = await moderation.accept(upload, event="gala", session="s1")
         await moderation.submit(item)
         await hr.Worker(app).drain()
         made = media.derived(item.media_id, "derive", DERIVE_VERSION)
         assert made is not None
         before = {p.name: p.stat().st_mtime_ns for p in made.path.iterdir()}
         # The same stage again, as after a worker died before its outcome was written.
-        await app.definition(derive_stage_of(moderation, item.media_id)).submit(item.media_id)
+        await app.definition(await derive_stage_of(moderation, item.media_id)).submit(item.media_id)
         await hr.Worker(app).drain()
     after = {p.name: p.stat().st_mtime_ns for p in made.path.iterdir()}
     assert after == before
     assert [p.name for p in (media.root / "derived" / item.media_id).iterdir()] == ["derive.v1"]
 
 
-def derive_stage_of(moderation: Moderation, media_id: str) -> str:
-    record = moderation.records.get(media_id)
+async def derive_stage_of(moderation: Moderation, media_id: str) -> str:
+    record = await moderation.records.get(media_id)
     assert record.media_class is not None
     return derive_stage(MediaClass(record.media_class))
 
 
 @pytest.mark.parametrize("bad", ["", "a/b", "../x", "x" * 65])
-def test_events_and_sessions_are_labels_not_paths(bad: str, tmp_path: Path) -> None:
+async def test_events_and_sessions_are_labels_not_paths(bad: str, tmp_path: Path) -> None:
     moderation = Moderation(hr.App("memory://"), MediaStore(tmp_path), BuiltinScanner())
     with pytest.raises(ConfigError, match="event"):
-        moderation.accept(io.BytesIO(b"x"), event=bad, session="s1")
+        await moderation.accept(io.BytesIO(b"x"), event=bad, session="s1")
     with pytest.raises(ConfigError, match="session"):
-        moderation.accept(io.BytesIO(b"x"), event="gala", session=bad)
+        await moderation.accept(io.BytesIO(b"x"), event="gala", session=bad)
 
 
-def test_an_upload_waits_in_the_class_its_first_bytes_announce(
+async def test_an_upload_waits_in_the_class_its_first_bytes_announce(
     media_samples: dict[str, Path], tmp_path: Path
 ) -> None:
-    moderation = Moderation(hr.App("memory://"), MediaStore(tmp_path), BuiltinScanner())
+    app = hr.App("memory://")
+    moderation = Moderation(app, MediaStore(tmp_path), BuiltinScanner())
     queued = {}
-    for name in ("photo.jpg", "clip.mp4", "song.mp3", "lying-extension.jpg", "eicar.txt"):
-        with media_samples[name].open("rb") as upload:
-            queued[name] = moderation.accept(upload, event="gala", session="s1").queued_as
+    async with app:
+        for name in ("photo.jpg", "clip.mp4", "song.mp3", "lying-extension.jpg", "eicar.txt"):
+            with media_samples[name].open("rb") as upload:
+                item = await moderation.accept(upload, event="gala", session="s1")
+            queued[name] = item.queued_as
     assert queued == {
         "photo.jpg": "image",
         "clip.mp4": "video",
@@ -136,20 +143,20 @@ async def test_admission_caps_waiting_uploads_per_session_and_per_event(
     moderation = Moderation(app, MediaStore(tmp_path), BuiltinScanner(), admission=admission)
     photo = media_samples["photo.jpg"].read_bytes()
 
-    def upload(session: str) -> Item:
-        return moderation.accept(io.BytesIO(photo), event="gala", session=session)
+    async def upload(session: str) -> Item:
+        return await moderation.accept(io.BytesIO(photo), event="gala", session=session)
 
     async with app:
-        await moderation.submit(upload("heavy"))
-        await moderation.submit(upload("heavy"))
-        refused = upload("heavy")
+        await moderation.submit(await upload("heavy"))
+        await moderation.submit(await upload("heavy"))
+        refused = await upload("heavy")
         with pytest.raises(QueueFull) as full:
             await moderation.submit(refused)
         assert (full.value.scope, full.value.label) == ("flow", "heavy")
-        light = upload("light")
+        light = await upload("light")
         await moderation.submit(light)  # another session still gets in
         with pytest.raises(QueueFull) as full:
-            await moderation.submit(upload("third"))
+            await moderation.submit(await upload("third"))
         assert (full.value.scope, full.value.label) == ("group", "gala")
         # Accepted and kept: the refused upload waits as accepted, queued, for a later submit.
         assert await moderation.phase(refused) is Phase.QUEUED
@@ -158,7 +165,7 @@ async def test_admission_caps_waiting_uploads_per_session_and_per_event(
         await moderation.submit(refused)
         await hr.Worker(app).drain()
         assert await moderation.phase(refused) is Phase.DONE
-    assert moderation.records.get(refused.media_id).state is ItemState.REVIEWABLE
+        assert (await moderation.records.get(refused.media_id)).state is ItemState.REVIEWABLE
 
 
 async def test_an_item_is_processing_while_a_stage_runs_on_it(
@@ -168,7 +175,7 @@ async def test_an_item_is_processing_while_a_stage_runs_on_it(
     moderation = Moderation(app, MediaStore(tmp_path), BuiltinScanner())
     async with app:
         with media_samples["photo.jpg"].open("rb") as upload:
-            item = moderation.accept(upload, event="gala", session="s1")
+            item = await moderation.accept(upload, event="gala", session="s1")
         await moderation.submit(item)
         assert await moderation.phase(item) is Phase.QUEUED
         [lease] = (await app.store.claim("w1", 1, lease_for=30.0)).leases
@@ -184,19 +191,19 @@ async def test_a_staff_upload_carries_its_weight_and_an_audit_row(
     staff = Staff(weight=4, by="organiser", reason="official photographer")
     async with app:
         with media_samples["photo.jpg"].open("rb") as upload:
-            item = moderation.accept(upload, event="gala", session="crew", staff=staff)
+            item = await moderation.accept(upload, event="gala", session="crew", staff=staff)
         await moderation.submit(item)
         await hr.Worker(app).drain()
         tasks = await app.store.tasks()
+        audit = await moderation.records.audit(item.media_id)
     assert item.weight == 4.0
-    [row] = moderation.audit.rows(item.media_id)
-    assert (row["action"], row["by"], row["weight"], row["event"]) == (
+    [row] = audit
+    assert (row.action, row.actor, row.scope, row.detail) == (
         "upload.weighted",
         "organiser",
-        4.0,
         "gala",
+        {"weight": 4.0, "reason": "official photographer"},
     )
-    assert row["reason"] == "official photographer"
     assert {t.kind.split(".")[1] for t in tasks} == {"validate", "scan", "derive"}
 
 
@@ -222,20 +229,22 @@ async def test_two_decisions_on_one_item_converge_and_both_are_audited(
     moderation = Moderation(app, MediaStore(tmp_path), BuiltinScanner())
     async with app:
         with media_samples["photo.jpg"].open("rb") as upload:
-            item = moderation.accept(upload, event="gala", session="s1")
+            item = await moderation.accept(upload, event="gala", session="s1")
         with pytest.raises(ConfigError, match="cannot be approved, it is accepted"):
-            moderation.review(item.media_id, approve=True, by="mod1")
+            await moderation.review(item.media_id, approve=True, by="mod1")
         await moderation.submit(item)
         await hr.Worker(app).drain()
-    moderation.review(item.media_id, approve=True, by="mod1")
-    again = moderation.review(item.media_id, approve=True, by="mod2")
-    assert again.state is ItemState.APPROVED
-    with pytest.raises(ConfigError, match="cannot be rejected, it is approved"):
-        moderation.review(item.media_id, approve=False, by="mod2")
-    outcomes = [row["outcome"] for row in moderation.audit.rows(item.media_id)]
-    assert outcomes == [
-        "refused: item is accepted",
-        "applied",
-        "repeated",
-        "refused: item is approved",
+        await moderation.review(item.media_id, approve=True, by="mod1")
+        again = await moderation.review(item.media_id, approve=True, by="mod2")
+        assert again.state is ItemState.APPROVED
+        with pytest.raises(ConfigError, match="cannot be rejected, it is approved"):
+            await moderation.review(item.media_id, approve=False, by="mod2")
+        audit = await moderation.records.audit(item.media_id)
+        notices = await app.store.outbox()
+    assert [(row.actor, row.outcome) for row in audit] == [
+        ("mod1", "unchanged: accepted"),
+        ("mod1", "applied"),
+        ("mod2", "unchanged: approved"),
+        ("mod2", "unchanged: approved"),
     ]
+    assert [(n.topic, n.record_id) for n in notices] == [("item.approved", item.media_id)]

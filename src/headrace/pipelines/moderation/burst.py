@@ -29,7 +29,6 @@ import headrace as hr
 from headrace.pipelines.moderation.pipeline import Item, ItemState, Moderation, Staff
 from headrace.pipelines.moderation.probe import MediaClass
 from headrace.policy.errors import QueueFull
-from headrace.runtime.calls import off_loop
 from headrace.store.base import Store
 from headrace.store.types import AttemptOutcome, StageStats, TaskRecord, TaskState
 
@@ -141,8 +140,7 @@ async def run_burst(
                 if delay > 0:
                     await asyncio.sleep(delay)
                 grant = staff if staff is not None and upload.session == "video-0000" else None
-                item = await off_loop(  # the upload's bytes kept and flushed: not on the loop
-                    moderation.accept_bytes,
+                item = await moderation.accept_bytes(
                     payloads[upload.role],
                     event="gala",
                     session=upload.session,
@@ -317,7 +315,7 @@ async def _report(
     traces: list[ItemTrace] = []
     validate_starts: dict[str, list[float]] = defaultdict(list)
     for entry in sent:
-        item = moderation.records.get(entry.item.media_id)
+        item = await moderation.records.get(entry.item.media_id)
         processing, runs, finished = 0.0, 0, None
         for stage in ("validate", "scan", "derive"):
             task = await store.find(f"{stage}:{item.media_id}")

@@ -2,7 +2,7 @@
 reviewable, with an item quarantined when the scan finds something and refused (its task dead
 with a safe code) when validation does.
 
-An upload is accepted once its bytes are kept (`MediaStore.put`) and its item record is written;
+An upload is accepted once its bytes are kept (`MediaStore.put`) and its item's record is written;
 then its validate task is submitted, in the upload's event (the task's group) and contributor
 session (its flow: sessions share the stages fairly; a staff upload may carry a weight, written
 to the audit log). Every stage runs once per class (`moderation.validate.image`,
@@ -17,10 +17,12 @@ bound in all and per session, so one contributor cannot fill a stage for everyon
 feeds the next: while scan is full, validation waits; while derive is full, scanning does. An
 item waiting in a stage is *queued*, one whose task runs is *processing* (`Moderation.phase`).
 
-Each item's record (`records/<media id>.json` in the media directory) says what a moderator
-sees: its state, class and format, the reason of an automatic flag, where its derivatives are.
-Stage handlers are plain functions (CPU work runs off the event loop) and safe to run again: a
-record is rewritten whole, and derivatives are made once per (media id, stage version).
+Each item's record (kind `item` in the app's store, scoped to its event: `store/records.py`)
+says what a moderator sees: its state, class and format, the reason of an automatic flag, where
+its derivatives are. A moderator's decision commits with its audit row and the notice it owes
+(the outbox), in one transaction. Stage handlers are plain functions (CPU work runs off the event
+loop) and safe to run again: a record's keys are set, not added to, and derivatives are made
+once per (media id, stage version).
 """
 
 from __future__ import annotations
@@ -28,13 +30,10 @@ from __future__ import annotations
 import enum
 import io
 import json
-import os
 import re
 import shutil
-import tempfile
-import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, Protocol
 
@@ -53,6 +52,7 @@ from headrace.pipelines.moderation.probe import (
 from headrace.pipelines.moderation.scan import Scanner, ScanUnavailable, Verdict
 from headrace.policy.errors import ConfigError
 from headrace.runtime.calls import off_loop
+from headrace.store.records import Audit, AuditRow, Notice, Record
 from headrace.store.types import TaskState
 
 DERIVE_VERSION = 1
@@ -117,6 +117,9 @@ class Staff:
             raise ConfigError("staff.reason: expected 1 to 200 characters")
 
 
+ITEM = "item"  # the kind of an item's record in the store
+
+
 @dataclass(frozen=True)
 class Item:
     media_id: str
@@ -132,85 +135,72 @@ class Item:
     reason: str | None = None  # a safe code, or the name of what the scan found
     derived: str | None = None  # the derivatives' directory, relative to the media root
     metadata: Mapping[str, object] | None = None
+    seq: int = 0  # the order of its last change of state (`store/records.py`)
 
-    def as_json(self) -> str:
-        return json.dumps({**asdict(self), "state": self.state.value}, sort_keys=True)
+    def body(self) -> dict[str, object]:
+        """What its record keeps besides its id, event and state."""
+        fields = asdict(self)
+        for kept_apart in ("media_id", "event", "state", "seq"):
+            del fields[kept_apart]
+        return fields
 
     @classmethod
-    def from_json(cls, text: str) -> Item:
-        fields = json.loads(text)
-        return cls(**{**fields, "state": ItemState(fields["state"])})
+    def of(cls, record: Record) -> Item:
+        return cls(
+            media_id=record.id,
+            event=record.scope,
+            state=ItemState(record.state),
+            seq=record.seq,
+            **record.body,
+        )
 
 
 class Records:
-    """Item records in the media directory, each rewritten whole and renamed into place (and
-    flushed to disk first, unless not `durable`: for simulations on a scratch directory)."""
+    """Items as records in the app's store (kind `item`, scope the event): a stage's write is
+    one transaction, and a moderator's decision commits with its audit row and its notice."""
 
-    def __init__(self, media: MediaStore, *, durable: bool = True) -> None:
-        self.root = media.root / "records"
-        self.durable = durable
+    def __init__(self, app: hr.App) -> None:
+        self.app = app
 
-    async def read(self, media_id: str) -> Item:
-        return await off_loop(self.get, media_id)
+    async def get(self, media_id: str) -> Item:
+        found = await self.app.store.get_record(ITEM, check_media_id(media_id))
+        if found is None:
+            raise ConfigError(f"media id {media_id!r}: no such item")
+        return Item.of(found)
 
-    async def write(self, media_id: str, **changes: object) -> Item:
-        return await off_loop(self.update, media_id, **changes)
+    async def put(self, item: Item, audit: Audit | None = None) -> tuple[Item, bool]:
+        """Keep a new item's record (with `audit`); an item of that media id kept before is
+        returned instead, with False."""
+        made = await self.app.store.put_record(
+            ITEM,
+            item.media_id,
+            scope=item.event,
+            state=item.state.value,
+            body=item.body(),
+            audit=audit,
+        )
+        return Item.of(made.record), made.applied
 
-    def get(self, media_id: str) -> Item:
-        path = self.root / f"{check_media_id(media_id)}.json"
-        try:
-            return Item.from_json(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"media id {media_id!r}: no such item") from None
+    async def write(self, media_id: str, *, state: ItemState | None = None, **body: object) -> Item:
+        changed = await self.app.store.change_record(
+            ITEM, media_id, state=None if state is None else state.value, body=body
+        )
+        return Item.of(changed.record)
 
-    def put(self, item: Item) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        descriptor, temporary = tempfile.mkstemp(dir=self.root, prefix=".record.")
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(item.as_json())
-            handle.flush()
-            if self.durable:
-                os.fsync(handle.fileno())
-        os.replace(temporary, self.root / f"{check_media_id(item.media_id)}.json")
+    async def all(self, *, event: str | None = None, state: ItemState | None = None) -> list[Item]:
+        """Every item (of an event, in a state), in the order of their last change of state."""
+        found: list[Item] = []
+        wanted = None if state is None else state.value
+        while True:
+            page = await self.app.store.list_records(
+                ITEM, scope=event, state=wanted, after=found[-1].seq if found else 0, limit=1000
+            )
+            found.extend(Item.of(record) for record in page)
+            if len(page) < 1000:
+                return found
 
-    def update(self, media_id: str, **changes: object) -> Item:
-        item = replace(self.get(media_id), **changes)  # type: ignore[arg-type]
-        self.put(item)
-        return item
-
-    def all(self) -> list[Item]:
-        if not self.root.is_dir():
-            return []
-        return [Item.from_json(path.read_text()) for path in sorted(self.root.glob("*.json"))]
-
-
-class AuditLog:
-    """Who did what to which item, appended one JSON line at a time (`audit.jsonl` in the media
-    directory) and flushed to disk before the act it records takes effect."""
-
-    def __init__(self, media: MediaStore) -> None:
-        self.path = media.root / "audit.jsonl"
-
-    def append(self, action: str, item: Item, by: str, **detail: object) -> None:
-        row = {
-            "at": time.time(),
-            "action": action,
-            "media_id": item.media_id,
-            "event": item.event,
-            "by": by,
-            **detail,
-        }
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(row, sort_keys=True) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-
-    def rows(self, media_id: str | None = None) -> list[dict[str, object]]:
-        if not self.path.exists():
-            return []
-        found = [json.loads(line) for line in self.path.read_text().splitlines() if line]
-        return [row for row in found if media_id is None or row["media_id"] == media_id]
+    async def audit(self, media_id: str | None = None) -> list[AuditRow]:
+        return await self.app.store.audit_log(kind=ITEM, record_id=media_id)
 
 
 Order = Literal["fair", "fifo"]
@@ -231,14 +221,12 @@ class Moderation:
         admission: Admission | None = None,
         order: Order = "fair",
         work: MediaWork | None = None,
-        durable: bool = True,
     ) -> None:
         if order not in ("fair", "fifo"):
             raise ConfigError(f"moderation.order: expected 'fair' or 'fifo', got {order!r}")
         self.app = app
         self.media = media
-        self.records = Records(media, durable=durable)
-        self.audit = AuditLog(media)
+        self.records = Records(app)
         self.limits = dict(limits or DEFAULT_LIMITS)
         if work is None:
             if scanner is None:
@@ -251,18 +239,29 @@ class Moderation:
 
     # -- accepting
 
-    def accept(
-        self, source: BinaryIO, *, event: str, session: str, staff: Staff | None = None
+    async def accept(
+        self,
+        source: BinaryIO,
+        *,
+        event: str,
+        session: str,
+        staff: Staff | None = None,
+        media_id: str | None = None,
     ) -> Item:
-        """Keep an upload and write its record (state accepted); `submit` queues it. Raises
-        TooLarge past the largest size any class takes, with nothing kept. A `staff` upload's
-        weight is written to the audit log before the item exists."""
+        """Keep an upload's bytes and write its record (state accepted); `submit` queues it.
+        Raises TooLarge past the largest size any class takes, with nothing kept. A `staff`
+        upload's weight goes to the audit log with the record. Given a `media_id` that has a
+        record already, that item is returned as it is (compare its digest: the bytes kept
+        are the first upload's)."""
         check_label(event, "event")
         check_label(session, "session")
-        blob = self.media.put(source, limit=max(limit.max_bytes for limit in self.limits.values()))
-        queued_as = sniff(self.media.blob_path(blob.digest)) or MediaClass.IMAGE
+        if media_id is not None:
+            check_media_id(media_id)
+        limit = max(limit.max_bytes for limit in self.limits.values())
+        blob = await off_loop(self.media.put, source, limit=limit)
+        queued_as = await off_loop(sniff, self.media.blob_path(blob.digest)) or MediaClass.IMAGE
         item = Item(
-            self.media.new_media_id(),
+            media_id or self.media.new_media_id(),
             event,
             session,
             blob.digest,
@@ -270,18 +269,18 @@ class Moderation:
             queued_as=queued_as.value,
             weight=1.0 if staff is None else float(staff.weight),
         )
+        audit = None
         if staff is not None:
-            self.audit.append(
-                "upload.weighted", item, staff.by, weight=item.weight, reason=staff.reason
-            )
-        self.records.put(item)
-        return item
+            detail = {"weight": item.weight, "reason": staff.reason}
+            audit = Audit("upload.weighted", staff.by, detail)
+        kept, _ = await self.records.put(item, audit)
+        return kept
 
-    def accept_bytes(
+    async def accept_bytes(
         self, data: bytes, *, event: str, session: str, staff: Staff | None = None
     ) -> Item:
         """`accept` for an upload already in memory."""
-        return self.accept(io.BytesIO(data), event=event, session=session, staff=staff)
+        return await self.accept(io.BytesIO(data), event=event, session=session, staff=staff)
 
     async def submit(self, item: Item) -> int:
         """Queue an accepted item's validation (once, whatever the retries of the caller).
@@ -300,7 +299,7 @@ class Moderation:
     async def phase(self, item: Item) -> Phase:
         """Whether an item waits for a stage or is in one: its record says which stage, the
         store whether that stage's task runs."""
-        item = await self.records.read(item.media_id)
+        item = await self.records.get(item.media_id)
         if item.state.settled:
             return Phase.DONE
         stage = {ItemState.ACCEPTED: "validate", ItemState.VALIDATED: "scan"}.get(
@@ -311,18 +310,22 @@ class Moderation:
             return Phase.QUEUED
         return Phase.PROCESSING
 
-    def review(self, media_id: str, *, approve: bool, by: str) -> Item:
-        """A moderator's decision on a reviewable item: the first one stands, a repeat of it is
-        a no-op, every attempt goes to the audit log."""
+    async def review(self, media_id: str, *, approve: bool, by: str) -> Item:
+        """A moderator's decision on a reviewable item: the first one stands and owes one
+        notice (`item.approved` or `item.rejected`, in the outbox with it); a repeat of it is
+        a no-op; every attempt is in the audit log. Any other decision raises ConfigError."""
         check_label(by, "by")
-        item = self.records.get(media_id)
         wanted = ItemState.APPROVED if approve else ItemState.REJECTED
-        if item.state is ItemState.REVIEWABLE:
-            self.audit.append(f"review.{wanted.value}", item, by, outcome="applied")
-            return self.records.update(media_id, state=wanted)
-        outcome = "repeated" if item.state is wanted else f"refused: item is {item.state.value}"
-        self.audit.append(f"review.{wanted.value}", item, by, outcome=outcome)
-        if item.state is wanted:
+        changed = await self.app.store.change_record(
+            ITEM,
+            check_media_id(media_id),
+            state=wanted.value,
+            when={ItemState.REVIEWABLE.value},
+            audit=Audit(f"review.{wanted.value}", by),
+            notice=Notice(f"item.{wanted.value}", {"media_id": media_id}),
+        )
+        item = Item.of(changed.record)
+        if changed.applied or item.state is wanted:
             return item
         raise ConfigError(
             f"media id {media_id}: cannot be {wanted.value}, it is {item.state.value}"
@@ -342,7 +345,7 @@ class Moderation:
 
         @app.task(name=validate_stage(media_class), max_attempts=3, **validate_options)
         async def validate(ctx: hr.Context, media_id: str) -> None:
-            item = await records.read(media_id)
+            item = await records.get(media_id)
             try:
                 found = await work.probe(self.media.blob_path(item.digest))
             except Refused as refused:
@@ -367,7 +370,7 @@ class Moderation:
 
         @app.task(name=scan_stage(media_class), max_attempts=5, **scan_options)
         async def scan(ctx: hr.Context, media_id: str) -> None:
-            item = await records.read(media_id)
+            item = await records.get(media_id)
             try:
                 verdict = await work.scan(self.media.blob_path(item.digest))
             except ScanUnavailable as error:
@@ -386,7 +389,7 @@ class Moderation:
 
         @app.task(name=derive_stage(media_class), max_attempts=3, **derive_options)
         async def make_derivatives(ctx: hr.Context, media_id: str) -> None:
-            item = await records.read(media_id)
+            item = await records.get(media_id)
             made = await self._derivatives(item)
             await records.write(
                 media_id,
@@ -481,8 +484,8 @@ def check_label(value: str, field: str) -> str:
 
 __all__ = [
     "DERIVE_VERSION",
+    "ITEM",
     "Admission",
-    "AuditLog",
     "Item",
     "ItemState",
     "MediaWork",
