@@ -1182,6 +1182,10 @@ async def test_stages_count_unfinished_work_per_kind(store: Store, clock: Manual
     assert speech.oldest_ready_age == pytest.approx(0.0)
     assert (video.pending, video.ready, video.oldest_ready_age) == (1, 0, None)
     assert [s.kind for s in await store.stages(kinds=["video", "none"])] == ["video"]
+    ages = await store.ready_ages()
+    assert ages == {"image": [pytest.approx(8.0)], "speech": [pytest.approx(0.0)]}
+    assert await store.ready_ages(kinds=["speech"]) == {"speech": [pytest.approx(0.0)]}
+    assert await store.ready_ages(limit=1) == {"image": [pytest.approx(8.0)]}  # the oldest
     await store.finish(running, Succeeded())
     await store.cancel(late.id)
     assert [s.kind for s in await store.stages()] == ["image", "video"]  # speech has finished

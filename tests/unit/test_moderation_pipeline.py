@@ -236,7 +236,7 @@ async def test_two_decisions_on_one_item_converge_and_both_are_audited(
         await hr.Worker(app).drain()
         await moderation.review(item.media_id, approve=True, by="mod1")
         again = await moderation.review(item.media_id, approve=True, by="mod2")
-        assert again.state is ItemState.APPROVED
+        assert again.item.state is ItemState.APPROVED and not again.applied
         with pytest.raises(ConfigError, match="cannot be rejected, it is approved"):
             await moderation.review(item.media_id, approve=False, by="mod2")
         audit = await moderation.records.audit(item.media_id)

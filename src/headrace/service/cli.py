@@ -20,6 +20,7 @@ import click
 from rich.console import Console
 
 from headrace.pipelines.moderation.burst import Burst
+from headrace.pipelines.moderation.deploy import make_moderation
 from headrace.pipelines.moderation.pipeline import Admission
 from headrace.pipelines.moderation.scan import ClamdScanner
 from headrace.pipelines.providersim import parse_inject, parse_quotas, parse_spreads, run_server
@@ -29,12 +30,16 @@ from headrace.policy.errors import ConfigError
 from headrace.runtime.app import App
 from headrace.runtime.worker import Worker
 from headrace.service import logs, status, tasks
+from headrace.service.api.auth import Role, create_token, revoke_token
+from headrace.service.api.deps import ApiSettings
 from headrace.service.apps import require_existing, resolve, store_url
 from headrace.service.demo import DemoOptions, run_demo
 from headrace.service.dlq import dead_letters, letters_table
 from headrace.service.dlq import show as show_task
 from headrace.service.failures import CommandGroup, WrongInput, use_store
 from headrace.service.moderation_demo import ModerationDemoOptions, run_moderation_demo
+from headrace.service.serve import ServeOptions, webhook_secrets
+from headrace.service.serve import serve as serve_api
 from headrace.store.urls import upgrade_schema
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -352,6 +357,112 @@ async def _serve(runner: Worker, target: str) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, lambda: None)
         await app.close()
+
+
+@main.command()
+@click.option(
+    "--db",
+    envvar="HEADRACE_URL",
+    show_envvar=True,
+    metavar="URL",
+    help="Store URL or SQLite file [default: sqlite:///headrace.db].",
+)
+@click.option(
+    "--media",
+    envvar="HEADRACE_MEDIA",
+    show_envvar=True,
+    default="headrace-media",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The media directory (every process of a deployment shares it).",
+)
+@click.option("--clamd", envvar="HEADRACE_CLAMD", show_envvar=True, metavar="SOCKET|HOST:PORT")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(0, 64),
+    help="Workers in this process (0: leave the work to `headrace worker` processes).",
+)
+@click.option(
+    "--webhook-secret",
+    "webhook_secret",
+    multiple=True,
+    envvar="HEADRACE_WEBHOOK_SECRETS",
+    show_envvar=True,
+    metavar="PROVIDER=SECRET",
+    help="The key a provider signs its webhooks with (the variable: pairs separated by spaces).",
+)
+@click.option("--secure-cookies", is_flag=True, help="Cookies only over HTTPS (behind TLS).")
+def serve(
+    db: str | None,
+    media: Path,
+    clamd: str | None,
+    host: str,
+    port: int,
+    workers: int,
+    webhook_secret: tuple[str, ...],
+    secure_cookies: bool,
+) -> None:
+    """Serve the HTTP API, the moderator page and /metrics (until SIGINT or SIGTERM)."""
+    moderation = make_moderation(store_url(db) if db else None, str(media), clamd)
+    use_store(moderation.app.url)
+    if clamd is not None and not ClamdScanner(clamd).ping():
+        raise WrongInput(f"--clamd {clamd}: no clamd answers there; start clamd or leave it out")
+    settings = ApiSettings(
+        webhook_secrets=webhook_secrets(webhook_secret), secure_cookies=secure_cookies
+    )
+    serve_api(moderation, ServeOptions(host, port, workers, settings))
+
+
+@main.group(cls=CommandGroup)
+def token() -> None:
+    """Bearer tokens of the API and the moderator page."""
+
+
+@token.command("create")
+@click.option("--db", envvar="HEADRACE_URL", show_envvar=True, metavar="URL", required=True)
+@click.argument("name")
+@click.option(
+    "--role",
+    type=click.Choice([role.value for role in Role]),
+    required=True,
+    help="What it may do.",
+)
+@click.option(
+    "--event",
+    "events",
+    multiple=True,
+    required=True,
+    help="An event it covers (again for more; '*' for every event: admin only).",
+)
+def token_create(db: str, name: str, role: str, events: tuple[str, ...]) -> None:
+    """Make a token for NAME and print it, once: only its hash is kept."""
+    app = App(store_url(db))
+    use_store(app.url)
+
+    async def run() -> str:
+        async with app:
+            return await create_token(app.store, name=name, role=Role(role), events=events)
+
+    click.echo(asyncio.run(run()))
+
+
+@token.command("revoke")
+@click.option("--db", envvar="HEADRACE_URL", show_envvar=True, metavar="URL", required=True)
+@click.argument("name")
+def token_revoke(db: str, name: str) -> None:
+    """Revoke every token of NAME."""
+    app = require_existing(App(store_url(db)))
+    use_store(app.url)
+
+    async def run() -> int:
+        async with app:
+            return await revoke_token(app.store, name)
+
+    click.echo(f"{asyncio.run(run())} token(s) of {name} revoked")
 
 
 @main.command()

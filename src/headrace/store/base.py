@@ -153,6 +153,13 @@ class Store(Protocol):
         task (since its `ready_since`, or its `created_at` when that is unset)."""
         ...
 
+    async def ready_ages(
+        self, *, kinds: Collection[str] | None = None, limit: int = 100_000
+    ) -> dict[str, list[float]]:
+        """Per kind (of these kinds only when `kinds` is given), the ages of its ready tasks
+        (as `stages` counts them), oldest first: at most `limit` in all, the oldest."""
+        ...
+
     async def groups(self) -> list[str]: ...
 
     async def group_report(self, group: str) -> GroupReport: ...

@@ -845,6 +845,24 @@ class MemoryStore(MemoryRecords):
             for kind, by_state in sorted(counts.items())
         ]
 
+    async def ready_ages(
+        self, *, kinds: Collection[str] | None = None, limit: int = 100_000
+    ) -> dict[str, list[float]]:
+        now = self.clock.now()
+        ready = sorted(
+            (
+                task.ready_since if task.ready_since is not None else task.created_at,
+                task.id,
+                task.kind,
+            )
+            for task in self._tasks.values()
+            if task.state is TaskState.READY and (kinds is None or task.kind in kinds)
+        )
+        ages: dict[str, list[float]] = {}
+        for since, _, kind in ready[:limit]:
+            ages.setdefault(kind, []).append(now - since)
+        return ages
+
     async def groups(self) -> list[str]:
         return sorted({t.group for t in self._tasks.values() if t.group is not None})
 

@@ -141,6 +141,11 @@ class TransactionVerbs:
     async def stages(self: Transacts, *, kinds: Collection[str] | None = None) -> list[StageStats]:
         return await self._read(lambda tx: tx.stages(kinds_list(kinds)))
 
+    async def ready_ages(
+        self: Transacts, *, kinds: Collection[str] | None = None, limit: int = 100_000
+    ) -> dict[str, list[float]]:
+        return await self._read(lambda tx: tx.ready_ages(kinds_list(kinds), limit))
+
     async def groups(self: Transacts) -> list[str]:
         return await self._read(lambda tx: tx.groups())
 

@@ -63,6 +63,37 @@ class Derived:
         return self.path / check_name(name)
 
 
+class BlobWriter:
+    """An original being written (`MediaStore.writer`): its size is checked on every chunk, so
+    no more than `limit` bytes are ever buffered or written."""
+
+    def __init__(self, media: MediaStore, handle: BinaryIO, temporary: Path, limit: int) -> None:
+        self._media = media
+        self._handle = handle
+        self._temporary = temporary
+        self._digest = hashlib.sha256()
+        self.limit = limit
+        self.size = 0
+
+    def write(self, chunk: bytes) -> None:
+        """Append a chunk; TooLarge once the whole would pass the limit."""
+        self.size += len(chunk)
+        if self.size > self.limit:
+            raise TooLarge(self.limit)
+        self._digest.update(chunk)
+        self._handle.write(chunk)
+
+    def keep(self) -> Blob:
+        """Flush to disk and keep under the content's digest (the same bytes twice: one file)."""
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        blob = Blob(self._digest.hexdigest(), self.size)
+        target = self._media.blob_path(blob.digest)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self._temporary, target)
+        return blob
+
+
 class MediaStore:
     """Files of a moderation pipeline under `root`."""
 
@@ -74,22 +105,17 @@ class MediaStore:
     def put(self, source: BinaryIO, *, limit: int) -> Blob:
         """Keep what `source` holds (read to its end, at most `limit` bytes: TooLarge past it,
         with nothing kept)."""
-        digest = hashlib.sha256()
-        size = 0
-        with self._temporary_file() as (handle, temporary):
+        with self.writer(limit=limit) as writer:
             while chunk := source.read(CHUNK):
-                size += len(chunk)
-                if size > limit:
-                    raise TooLarge(limit)
-                digest.update(chunk)
-                handle.write(chunk)
-            handle.flush()
-            os.fsync(handle.fileno())
-            blob = Blob(digest.hexdigest(), size)
-            target = self.blob_path(blob.digest)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(temporary, target)  # the same bytes twice: one file
-        return blob
+                writer.write(chunk)
+            return writer.keep()
+
+    @contextlib.contextmanager
+    def writer(self, *, limit: int) -> Iterator[BlobWriter]:
+        """A blob written chunk by chunk as it arrives (an upload streamed from a socket):
+        `keep()` makes it a blob; leaving the block without keeping it leaves nothing."""
+        with self._temporary_file() as (handle, temporary):
+            yield BlobWriter(self, handle, temporary, limit)
 
     def put_bytes(self, data: bytes, *, limit: int) -> Blob:
         from io import BytesIO

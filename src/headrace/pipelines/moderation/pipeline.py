@@ -39,7 +39,13 @@ from typing import Any, BinaryIO, Literal, Protocol
 
 import headrace as hr
 from headrace.pipelines.moderation.derive import METADATA, derive
-from headrace.pipelines.moderation.media import Derived, MediaStore, TooLarge, check_media_id
+from headrace.pipelines.moderation.media import (
+    Blob,
+    Derived,
+    MediaStore,
+    TooLarge,
+    check_media_id,
+)
 from headrace.pipelines.moderation.probe import (
     DEFAULT_LIMITS,
     Limits,
@@ -50,7 +56,7 @@ from headrace.pipelines.moderation.probe import (
     sniff,
 )
 from headrace.pipelines.moderation.scan import Scanner, ScanUnavailable, Verdict
-from headrace.policy.errors import ConfigError
+from headrace.policy.errors import ConfigError, QueueFull
 from headrace.runtime.calls import off_loop
 from headrace.store.records import Audit, AuditRow, Notice, Record
 from headrace.store.types import TaskState
@@ -69,6 +75,7 @@ class ItemState(enum.Enum):
     REJECTED = "rejected"  # a moderator rejected it
     QUARANTINED = "quarantined"  # the scan found something: never derived
     REFUSED = "refused"  # not media this pipeline takes (the reason is a safe code)
+    DECLINED = "declined"  # kept, but admission was full: the client was told to send it again
 
     @property
     def settled(self) -> bool:
@@ -135,6 +142,7 @@ class Item:
     reason: str | None = None  # a safe code, or the name of what the scan found
     derived: str | None = None  # the derivatives' directory, relative to the media root
     metadata: Mapping[str, object] | None = None
+    caption: str | None = None  # the contributor's words: shown to moderators, never logged
     seq: int = 0  # the order of its last change of state (`store/records.py`)
 
     def body(self) -> dict[str, object]:
@@ -153,6 +161,26 @@ class Item:
             seq=record.seq,
             **record.body,
         )
+
+
+@dataclass(frozen=True)
+class Reviewed:
+    """A decision's result: the item, and whether this decision was the one that applied."""
+
+    item: Item
+    applied: bool
+
+
+class UploadConflict(ConfigError):
+    """An upload sent again under a media id (an idempotency key) that names other content."""
+
+    def __init__(self, media_id: str, field: str) -> None:
+        super().__init__(
+            f"media id {media_id}: already names an upload whose {field} differs; send the same "
+            "upload again, or another upload under a new idempotency key"
+        )
+        self.media_id = media_id
+        self.field = field
 
 
 class Records:
@@ -184,6 +212,13 @@ class Records:
     async def write(self, media_id: str, *, state: ItemState | None = None, **body: object) -> Item:
         changed = await self.app.store.change_record(
             ITEM, media_id, state=None if state is None else state.value, body=body
+        )
+        return Item.of(changed.record)
+
+    async def write_if(self, media_id: str, was: ItemState, state: ItemState) -> Item:
+        """Move an item from `was` to `state`; as it is when it is no longer `was`."""
+        changed = await self.app.store.change_record(
+            ITEM, media_id, state=state.value, when={was.value}
         )
         return Item.of(changed.record)
 
@@ -247,6 +282,7 @@ class Moderation:
         session: str,
         staff: Staff | None = None,
         media_id: str | None = None,
+        caption: str | None = None,
     ) -> Item:
         """Keep an upload's bytes and write its record (state accepted); `submit` queues it.
         Raises TooLarge past the largest size any class takes, with nothing kept. A `staff`
@@ -255,11 +291,34 @@ class Moderation:
         are the first upload's)."""
         check_label(event, "event")
         check_label(session, "session")
+        blob = await off_loop(self.media.put, source, limit=self.max_bytes)
+        return await self.accept_blob(
+            blob, event=event, session=session, staff=staff, media_id=media_id, caption=caption
+        )
+
+    @property
+    def max_bytes(self) -> int:
+        """The largest upload any class takes."""
+        return max(limit.max_bytes for limit in self.limits.values())
+
+    async def accept_blob(
+        self,
+        blob: Blob,
+        *,
+        event: str,
+        session: str,
+        staff: Staff | None = None,
+        media_id: str | None = None,
+        caption: str | None = None,
+    ) -> Item:
+        """`accept` for bytes kept already (`MediaStore.writer`, as an upload streams in)."""
+        check_label(event, "event")
+        check_label(session, "session")
         if media_id is not None:
             check_media_id(media_id)
-        limit = max(limit.max_bytes for limit in self.limits.values())
-        blob = await off_loop(self.media.put, source, limit=limit)
-        queued_as = await off_loop(sniff, self.media.blob_path(blob.digest)) or MediaClass.IMAGE
+        check_caption(caption)
+        path = self.media.blob_path(blob.digest)
+        queued_as = await off_loop(sniff, path) or MediaClass.IMAGE
         item = Item(
             media_id or self.media.new_media_id(),
             event,
@@ -268,6 +327,7 @@ class Moderation:
             blob.size,
             queued_as=queued_as.value,
             weight=1.0 if staff is None else float(staff.weight),
+            caption=caption,
         )
         audit = None
         if staff is not None:
@@ -275,6 +335,41 @@ class Moderation:
             audit = Audit("upload.weighted", staff.by, detail)
         kept, _ = await self.records.put(item, audit)
         return kept
+
+    async def receive(
+        self,
+        blob: Blob,
+        *,
+        event: str,
+        session: str,
+        media_id: str | None = None,
+        caption: str | None = None,
+    ) -> Item:
+        """An upload as a client sends it, its bytes kept: its record written and its
+        validation queued, once however often it is sent under one `media_id`. Raises
+        UploadConflict when that media id names other content, and QueueFull when admission
+        is full (the item is then `declined`, until it is sent again)."""
+        item = await self.accept_blob(
+            blob, event=event, session=session, media_id=media_id, caption=caption
+        )
+        for field, first, now in (
+            ("event", item.event, event),
+            ("content", item.digest, blob.digest),
+            ("caption", item.caption, caption),
+        ):
+            if first != now:
+                raise UploadConflict(item.media_id, field)
+        if item.state is ItemState.DECLINED:
+            item = await self.records.write_if(
+                item.media_id, ItemState.DECLINED, ItemState.ACCEPTED
+            )
+        if item.state is ItemState.ACCEPTED:
+            try:
+                await self.submit(item)
+            except QueueFull:
+                await self.records.write_if(item.media_id, ItemState.ACCEPTED, ItemState.DECLINED)
+                raise
+        return item
 
     async def accept_bytes(
         self, data: bytes, *, event: str, session: str, staff: Staff | None = None
@@ -310,7 +405,7 @@ class Moderation:
             return Phase.QUEUED
         return Phase.PROCESSING
 
-    async def review(self, media_id: str, *, approve: bool, by: str) -> Item:
+    async def review(self, media_id: str, *, approve: bool, by: str) -> Reviewed:
         """A moderator's decision on a reviewable item: the first one stands and owes one
         notice (`item.approved` or `item.rejected`, in the outbox with it); a repeat of it is
         a no-op; every attempt is in the audit log. Any other decision raises ConfigError."""
@@ -326,7 +421,7 @@ class Moderation:
         )
         item = Item.of(changed.record)
         if changed.applied or item.state is wanted:
-            return item
+            return Reviewed(item, changed.applied)
         raise ConfigError(
             f"media id {media_id}: cannot be {wanted.value}, it is {item.state.value}"
         )
@@ -475,6 +570,14 @@ def derive_stage(media_class: MediaClass) -> str:
     return f"moderation.derive.{media_class.value}"
 
 
+MAX_CAPTION = 1000
+
+
+def check_caption(caption: str | None) -> None:
+    if caption is not None and (not isinstance(caption, str) or len(caption) > MAX_CAPTION):
+        raise ConfigError(f"caption: expected at most {MAX_CAPTION} characters")
+
+
 def check_label(value: str, field: str) -> str:
     """An event or session id: letters, digits, `-` and `_` (they name flows and groups)."""
     if not isinstance(value, str) or not _LABEL.fullmatch(value):
@@ -494,8 +597,10 @@ __all__ = [
     "Phase",
     "RealWork",
     "Records",
+    "Reviewed",
     "Staff",
     "TooLarge",
+    "UploadConflict",
     "check_label",
     "derive_stage",
     "scan_stage",

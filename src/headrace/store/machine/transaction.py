@@ -71,6 +71,12 @@ class Transaction(Claiming, RecordSteps):
         found = await self.rows("stage_stats", kinds=kinds)
         return [stage_of(row, self.now) for row in found]
 
+    async def ready_ages(self, kinds: list[str] | None, limit: int) -> dict[str, list[float]]:
+        ages: dict[str, list[float]] = {}
+        for found in await self.rows("ready_since", kinds=kinds, limit=limit):
+            ages.setdefault(found["kind"], []).append(self.now - float(found["since"]))
+        return ages
+
     async def groups(self) -> list[str]:
         return sorted(str(found["grp"]) for found in await self.rows("group_names"))
 

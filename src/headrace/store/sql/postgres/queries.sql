@@ -770,3 +770,12 @@ LIMIT %(limit)s::integer;
 UPDATE outbox SET delivered_at = %(now)s::double precision
 WHERE id = ANY(%(ids)s::bigint[]) AND delivered_at IS NULL
 RETURNING id;
+
+-- name: ready_since
+-- When each ready task (of the kinds given, or all) became ready, oldest first.
+SELECT kind, coalesce(ready_since, created_at) AS since
+FROM tasks
+WHERE state = 'ready'
+  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+ORDER BY since, id
+LIMIT %(limit)s::integer;

@@ -668,3 +668,12 @@ LIMIT :limit;
 UPDATE outbox SET delivered_at = :now
 WHERE id IN (SELECT value FROM json_each(:ids)) AND delivered_at IS NULL
 RETURNING id;
+
+-- name: ready_since
+-- When each ready task (of the kinds given as a JSON array, or all) became ready, oldest first.
+SELECT kind, coalesce(ready_since, created_at) AS since
+FROM tasks
+WHERE state = 'ready'
+  AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
+ORDER BY since, id
+LIMIT :limit;

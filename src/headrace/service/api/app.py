@@ -1,0 +1,161 @@
+"""The HTTP service: `create_api(moderation, settings)` makes the ASGI app `headrace serve` runs.
+
+Routes: uploads (`uploads.py`), items and decisions (`items.py`), progress and operations
+(`status.py`), webhooks (`webhooks.py`), the moderator page (`page.py`), `/metrics`
+(`metrics.py`, admin) and `/healthz`. The OpenAPI document is at `/openapi.json`, browsable at
+`/docs`.
+
+Every error is a JSON body `{"error": {"code", "message"}}` whose message says what to do and
+repeats nothing the client sent; a failure nobody expected is a 500 with code `internal`, logged
+by its type only. The access log (`headrace.http`) has the method, the route's template (never
+the raw path or query string: a signed URL's secret stays out), the status and the time taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from headrace.pipelines.moderation.pipeline import Moderation
+from headrace.policy.errors import ConfigError, StoreUnavailable
+from headrace.runtime.worker import Worker
+from headrace.service.api import items, metrics, page, status, uploads, webhooks
+from headrace.service.api.auth import Role
+from headrace.service.api.deps import ApiError, ApiSettings, Caller, Service, TheService, require
+
+log = logging.getLogger("headrace.http")
+
+
+def create_api(
+    moderation: Moderation,
+    settings: ApiSettings | None = None,
+    *,
+    workers: Sequence[Worker] = (),
+) -> FastAPI:
+    """The service over `moderation` (its app is opened with the service and closed after).
+    `workers`: run in this process for the service's life, stopped gracefully (their running
+    handlers finish) before the store closes."""
+    service = Service(moderation, settings or ApiSettings())
+
+    @asynccontextmanager
+    async def lifespan(api: FastAPI) -> AsyncIterator[None]:
+        async with moderation.app:
+            running = [asyncio.create_task(worker.run()) for worker in workers]
+            try:
+                yield
+            finally:
+                for worker in workers:
+                    worker.stop()
+                await asyncio.gather(*running, return_exceptions=True)
+
+    api = FastAPI(
+        title="headrace",
+        summary="Uploads, moderation, progress and operations of a headrace deployment",
+        version="1",
+        lifespan=lifespan,
+    )
+    api.state.service = service
+    for router in (uploads.router, items.router, status.router, webhooks.router, page.router):
+        api.include_router(router)
+    static = resources.files("headrace.service.api").joinpath("static")
+    api.mount("/static", StaticFiles(directory=str(static)), name="static")
+    _add_operations(api)
+    _add_error_handlers(api)
+    api.middleware("http")(access_log)
+    return api
+
+
+def _add_operations(api: FastAPI) -> None:
+    @api.get("/healthz", tags=["operations"], summary="The service answers and its store too")
+    async def healthz(svc: TheService) -> dict[str, str]:
+        await svc.store.now()
+        return {"status": "ok"}
+
+    @api.get(
+        "/metrics",
+        tags=["operations"],
+        summary="Prometheus metrics (admin)",
+        response_class=PlainTextResponse,
+        responses={200: {"content": {"text/plain": {}}}},
+    )
+    async def prometheus(svc: TheService, who: Caller) -> Response:
+        await require(svc, who, Role.ADMIN, action="metrics.read")
+        taken = await metrics.snapshot(svc.moderation.app)
+        return Response(metrics.render(taken), media_type="text/plain; version=0.0.4")
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def _add_error_handlers(api: FastAPI) -> None:
+    @api.exception_handler(ApiError)
+    async def on_api_error(request: Request, error: ApiError) -> Response:
+        return error_response(error)
+
+    @api.exception_handler(page.SignInNeeded)
+    async def on_sign_in(request: Request, error: page.SignInNeeded) -> Response:
+        if request.method == "GET" and "/new" not in request.url.path:
+            return RedirectResponse("/login", status_code=303)
+        return error_response(ApiError(401, "unauthenticated", "sign in again at /login"))
+
+    @api.exception_handler(RequestValidationError)
+    async def on_invalid(request: Request, error: RequestValidationError) -> Response:
+        return error_response(ApiError(422, "invalid", describe(error.errors())))
+
+    @api.exception_handler(StarletteHTTPException)
+    async def on_http(request: Request, error: StarletteHTTPException) -> Response:
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        code = codes.get(error.status_code, "http_error")
+        message = "no such route" if error.status_code == 404 else "not allowed here"
+        return error_response(ApiError(error.status_code, code, message, error.headers))
+
+    @api.exception_handler(ConfigError)
+    async def on_config(request: Request, error: ConfigError) -> Response:
+        return error_response(ApiError(422, "invalid", "a value is not acceptable"))
+
+    @api.exception_handler(StoreUnavailable)
+    async def on_store(request: Request, error: StoreUnavailable) -> Response:
+        busy = ApiError(503, "unavailable", "the store cannot be reached: retry shortly")
+        busy.headers["Retry-After"] = "2"
+        return error_response(busy)
+
+
+def describe(errors: Any) -> str:
+    """Which fields were wrong and why, without the values given."""
+    parts = []
+    for error in errors:
+        where = ".".join(str(step) for step in error.get("loc", ()))
+        parts.append(f"{where}: {error.get('msg', 'invalid')}")
+    return "; ".join(parts[:10]) or "the request is not valid"
+
+
+def route_of(request: Request) -> str:
+    """The template of the route a request matched (`/v1/items/{media_id}`), or `-`."""
+    route = request.scope.get("route")
+    return str(getattr(route, "path", "-"))
+
+
+async def access_log(
+    request: Request, call_next: Callable[[Request], Awaitable[Response]]
+) -> Response:
+    started = time.perf_counter()
+    try:
+        answer = await call_next(request)
+    except Exception as error:  # by its type only: its message may hold what a client sent
+        log.error("%s %s failed: %s", request.method, route_of(request), type(error).__name__)
+        answer = error_response(ApiError(500, "internal", "the service failed; try again later"))
+    elapsed = (time.perf_counter() - started) * 1000
+    log.info("%s %s %d %.1fms", request.method, route_of(request), answer.status_code, elapsed)
+    return answer

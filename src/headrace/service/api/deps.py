@@ -1,0 +1,145 @@
+"""What every endpoint stands on: the `Service` (the pipeline, its store, the settings), who is
+asking (`Principal`, from a bearer token or a page sign-in), and the errors an endpoint answers
+with, each a JSON body `{"error": {"code", "message"}}` that says what to do and echoes nothing
+the client sent."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+
+from headrace.pipelines.moderation.pipeline import Moderation
+from headrace.policy.errors import ConfigError
+from headrace.service.api import auth
+from headrace.service.api.auth import Principal, Role
+from headrace.store.base import Store
+from headrace.store.records import Audit
+
+LOGIN_COOKIE = "headrace_login"
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    """`webhook_secrets`: per provider, the key its deliveries are signed with; a provider not
+    named here is refused. `webhook_window`: seconds a signed timestamp stays acceptable.
+    `retry_after`: seconds a client told 429 waits. `secure_cookies`: cookies only over HTTPS
+    (on behind a TLS proxy; off for plain http on localhost)."""
+
+    webhook_secrets: Mapping[str, str] = field(default_factory=dict)
+    webhook_window: float = 300.0
+    retry_after: int = 2
+    secure_cookies: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 < self.webhook_window <= 3600:
+            raise ConfigError("webhook_window: expected 0 < seconds <= 3600")
+        if not 0 < self.retry_after <= 3600:
+            raise ConfigError("retry_after: expected 1 to 3600 seconds")
+        for provider, secret in self.webhook_secrets.items():
+            if len(secret) < 16:
+                raise ConfigError(f"webhook secret of {provider!r}: expected 16 characters or more")
+
+
+@dataclass
+class Service:
+    moderation: Moderation
+    settings: ApiSettings
+
+    @property
+    def store(self) -> Store:
+        return self.moderation.app.store
+
+
+class ApiError(Exception):
+    """An answer other than success: `status`, a stable `code` and a message saying what to do
+    (never the client's input, never a secret)."""
+
+    def __init__(
+        self, status: int, code: str, message: str, headers: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message}}
+
+
+def not_found(what: str) -> ApiError:
+    return ApiError(404, "not_found", f"no such {what}")
+
+
+def service(request: Request) -> Service:
+    found: Service = request.app.state.service
+    return found
+
+
+async def principal(request: Request) -> Principal:
+    """The bearer token's principal; 401 without a valid one."""
+    token = auth.bearer(request.headers.get("authorization"))
+    if token is None:
+        raise ApiError(
+            401,
+            "unauthenticated",
+            "send 'Authorization: Bearer <token>'",
+            {"WWW-Authenticate": "Bearer"},
+        )
+    found = await auth.principal_of(service(request).store, token)
+    if found is None:
+        raise ApiError(
+            401,
+            "unauthenticated",
+            "the token is unknown or revoked",
+            {"WWW-Authenticate": 'Bearer error="invalid_token"'},
+        )
+    return found
+
+
+Caller = Annotated[Principal, Depends(principal)]
+TheService = Annotated[Service, Depends(service)]
+
+
+async def deny(
+    svc: Service, who: Principal, *, kind: str, record_id: str, scope: str, action: str
+) -> ApiError:
+    """A denial written to the audit log; answered 404 (the thing's existence is not said)."""
+    await svc.store.write_audit(
+        kind,
+        record_id,
+        scope=scope,
+        audit=Audit(action, who.name, {"role": who.role.value}),
+        outcome="denied",
+    )
+    return not_found(kind)
+
+
+async def require(
+    svc: Service,
+    who: Principal,
+    role: Role,
+    *,
+    event: str | None = None,
+    kind: str = "event",
+    record_id: str | None = None,
+    action: str = "read",
+) -> None:
+    """Go on only if `who` holds `role` (for `event`, when given): a principal of too low a
+    role gets 403, one outside the event 404; both are audited."""
+    if not who.role.holds(role):
+        await svc.store.write_audit(
+            kind,
+            record_id or event or "all",
+            scope=event or "all",
+            audit=Audit(action, who.name, {"role": who.role.value, "needed": role.value}),
+            outcome="denied",
+        )
+        raise ApiError(403, "forbidden", f"this needs the {role.value} role")
+    if event is not None and not who.sees(event):
+        raise await deny(
+            svc, who, kind=kind, record_id=record_id or event, scope=event, action=action
+        )

@@ -1,0 +1,213 @@
+"""The moderator page: server-rendered, one small script.
+
+A moderator signs in once with a token; the page then lists an event's reviewable items in the
+order they became reviewable, up to the boundary the page was loaded with (`upto`, a record
+seq). Items that become reviewable later never enter the list under the moderator's cursor:
+a line above it counts them ("Show 3 new items", refreshed by the script), and the moderator
+chooses when to cross it. Approve and reject are forms (a form token bound to the sign-in);
+after a decision the page comes back with the same boundary, so the rest stays where it was.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Form, Path, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from headrace.pipelines.moderation.pipeline import ITEM, Item, ItemState
+from headrace.policy.errors import ConfigError
+from headrace.service.api import auth
+from headrace.service.api.auth import Principal, Role
+from headrace.service.api.deps import LOGIN_COOKIE, ApiError, Service, TheService, deny
+from headrace.service.api.items import preview_file, view
+from headrace.service.api.uploads import Event
+
+router = APIRouter(include_in_schema=False)
+
+PAGE_SIZE = 100
+REVIEWABLE = ItemState.REVIEWABLE.value
+_TEMPLATES = str(resources.files("headrace.service.api").joinpath("templates"))
+templates = Jinja2Templates(
+    env=Environment(loader=FileSystemLoader(_TEMPLATES), autoescape=select_autoescape(default=True))
+)
+
+
+class SignInNeeded(Exception):
+    """The page needs a sign-in: answered with a redirect to /login."""
+
+
+async def page_principal(request: Request, svc: Service) -> tuple[Principal, str]:
+    """The signed-in moderator and the sign-in's cookie; SignInNeeded without one."""
+    cookie = request.cookies.get(LOGIN_COOKIE, "")
+    who = await auth.signed_in(svc.store, cookie)
+    if who is None or not who.role.holds(Role.MODERATOR):
+        raise SignInNeeded
+    return who, cookie
+
+
+def render(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
+    headers = {"Cache-Control": "no-store", "Content-Security-Policy": CSP}
+    return templates.TemplateResponse(
+        request, name, {"who": None, **context}, status_code=status, headers=headers
+    )
+
+
+CSP = "; ".join(
+    (
+        "default-src 'self'",
+        "img-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "frame-ancestors 'none'",
+    )
+)
+
+
+@router.get("/login", response_class=HTMLResponse)
+async def login_form(request: Request) -> HTMLResponse:
+    return render(request, "login.html")
+
+
+@router.post("/login")
+async def login(
+    request: Request, svc: TheService, token: Annotated[str, Form(max_length=300)] = ""
+) -> Response:
+    who = await auth.principal_of(svc.store, token.strip())
+    if who is None or not who.role.holds(Role.MODERATOR):
+        return render(request, "login.html", 401, error="That token does not sign a moderator in.")
+    cookie, _ = await auth.sign_in(svc.store, who)
+    answer = RedirectResponse("/moderate", status_code=303)
+    answer.set_cookie(
+        LOGIN_COOKIE,
+        cookie,
+        max_age=int(auth.LOGIN_TTL),
+        httponly=True,
+        samesite="strict",
+        secure=svc.settings.secure_cookies,
+    )
+    return answer
+
+
+@router.post("/logout")
+async def logout(request: Request, svc: TheService) -> Response:
+    await auth.sign_out(svc.store, request.cookies.get(LOGIN_COOKIE, ""))
+    answer = RedirectResponse("/login", status_code=303)
+    answer.delete_cookie(LOGIN_COOKIE)
+    return answer
+
+
+@router.get("/", response_class=HTMLResponse)
+@router.get("/moderate", response_class=HTMLResponse)
+async def events(request: Request, svc: TheService) -> Response:
+    who, cookie = await page_principal(request, svc)
+    known = sorted(set(await svc.store.groups()) | {e for e in who.events if e != auth.EVERY_EVENT})
+    mine = auth.events_of(who, known)
+    if len(mine) == 1:
+        return RedirectResponse(f"/moderate/{mine[0]}", status_code=303)
+    return render(request, "events.html", who=who, form_token=auth.form_token(cookie), events=mine)
+
+
+async def boundary(svc: Service, event: str, upto: int) -> tuple[int, int]:
+    """How many items became reviewable past `upto`, and the seq of the last of them."""
+    newer = await svc.store.count_records(ITEM, scope=event, state=REVIEWABLE, after=upto)
+    latest = upto
+    if newer:
+        found = await svc.store.list_records(
+            ITEM, scope=event, state=REVIEWABLE, after=upto, limit=PAGE_SIZE
+        )
+        latest = found[-1].seq
+        newer = len(found)
+    return newer, latest
+
+
+@router.get("/moderate/{event}", response_class=HTMLResponse)
+async def queue(
+    request: Request,
+    event: Event,
+    svc: TheService,
+    upto: Annotated[int | None, Query(ge=0, le=2**62)] = None,
+    message: Annotated[str | None, Query(max_length=100)] = None,
+) -> Response:
+    who, cookie = await page_principal(request, svc)
+    if not who.sees(event):
+        raise await deny(svc, who, kind="event", record_id=event, scope=event, action="page.read")
+    found = await svc.store.list_records(ITEM, scope=event, state=REVIEWABLE, limit=PAGE_SIZE)
+    if upto is None:  # the boundary: what is reviewable now
+        upto = found[-1].seq if found else 0
+    items = [view(Item.of(record)) for record in found if record.seq <= upto]
+    newer, latest = await boundary(svc, event, upto)
+    return render(
+        request,
+        "queue.html",
+        who=who,
+        form_token=auth.form_token(cookie),
+        event=event,
+        items=items,
+        upto=upto,
+        newer=newer,
+        latest=latest,
+        message=MESSAGES.get(message or ""),
+    )
+
+
+MESSAGES = {
+    "approved": "Approved.",
+    "rejected": "Rejected.",
+    "decided": "Someone decided that item already.",
+}
+
+
+@router.get("/moderate/{event}/new")
+async def new_items(
+    request: Request,
+    event: Event,
+    svc: TheService,
+    upto: Annotated[int, Query(ge=0, le=2**62)] = 0,
+) -> Response:
+    who, _ = await page_principal(request, svc)
+    if not who.sees(event):
+        raise await deny(svc, who, kind="event", record_id=event, scope=event, action="page.read")
+    newer, latest = await boundary(svc, event, upto)
+    return JSONResponse({"newer": newer, "latest": latest}, headers={"Cache-Control": "no-store"})
+
+
+@router.post("/moderate/{event}/items/{media_id}")
+async def decide(
+    request: Request,
+    event: Event,
+    media_id: Annotated[str, Path(pattern=r"^[0-9a-f]{32}$")],
+    svc: TheService,
+    decision: Annotated[str, Form(pattern="^(approve|reject)$")],
+    form_token: Annotated[str, Form(max_length=100)],
+    upto: Annotated[int, Form(ge=0, le=2**62)] = 0,
+) -> Response:
+    who, cookie = await page_principal(request, svc)
+    if not auth.form_token_ok(cookie, form_token):
+        raise ApiError(403, "forbidden", "the form is stale: load the page again")
+    record = await svc.store.get_record(ITEM, media_id)
+    if record is None or record.scope != event or not who.sees(event):
+        action = f"review.{decision}"
+        raise await deny(svc, who, kind=ITEM, record_id=media_id, scope=event, action=action)
+    try:
+        reviewed = await svc.moderation.review(media_id, approve=decision == "approve", by=who.name)
+        message = reviewed.item.state.value if reviewed.applied else "decided"
+    except ConfigError:
+        message = "decided"
+    return RedirectResponse(f"/moderate/{event}?upto={upto}&message={message}", status_code=303)
+
+
+@router.get("/moderate/media/{media_id}")
+async def media(
+    request: Request,
+    media_id: Annotated[str, Path(pattern=r"^[0-9a-f]{32}$")],
+    svc: TheService,
+) -> Response:
+    who, _ = await page_principal(request, svc)
+    record = await svc.store.get_record(ITEM, media_id)
+    if record is None or not who.sees(record.scope):
+        raise ApiError(404, "not_found", "no such item")
+    return preview_file(svc, Item.of(record), small=True)

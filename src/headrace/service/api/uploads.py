@@ -1,0 +1,283 @@
+"""`POST /v1/events/{event}/uploads`: a contributor's upload, streamed to the media store.
+
+The body is a multipart form: `file` (the media; its name and declared type are ignored) and
+an optional `caption`. The file is written as it arrives and never held in memory; past the
+largest size any class takes the answer is 413 at once, with nothing kept (a `Content-Length`
+already too large is refused before a byte is read). The answer is 202, with the media id and
+state `queued`, only once the bytes, the item's record and its validate task are committed.
+When the event's or the session's admission bound is full: 429 with `Retry-After`, the item
+kept as `declined` until it is sent again.
+
+`Idempotency-Key`: the media id is derived from it (with the token and the event), so a retry
+finds the first upload's record and task and gets the first answer; the same key with other
+content or another caption is 422. The contributor's session (the fairness flow) is a random
+id in a cookie scoped to the event's path: nothing about the device is read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Path, Request, Response
+from pydantic import BaseModel
+from python_multipart.exceptions import MultipartParseError
+from python_multipart.multipart import MultipartParser, parse_options_header
+
+from headrace.pipelines.moderation.media import BlobWriter, TooLarge
+from headrace.pipelines.moderation.pipeline import MAX_CAPTION, UploadConflict
+from headrace.policy.errors import ConfigError, QueueFull
+from headrace.runtime.calls import off_loop
+from headrace.service.api.auth import Role
+from headrace.service.api.deps import ApiError, Caller, Service, TheService, require
+
+router = APIRouter(tags=["uploads"])
+
+LABEL = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+SESSION_COOKIE = "headrace_session"
+_SESSION = re.compile(r"s[0-9a-f]{24}")
+_KEY = re.compile(r"[\x21-\x7e]{1,200}")
+FORM_OVERHEAD = 64 * 1024  # bytes of a form around its file: boundaries, headers, a caption
+MAX_PARTS = 4
+
+Event = Annotated[str, Path(pattern=LABEL, description="the event's id")]
+
+
+class Accepted(BaseModel):
+    media_id: str
+    state: str
+    event: str
+
+
+@dataclass
+class Form:
+    """What a multipart upload carried: its file written to `writer`, its caption."""
+
+    writer: BlobWriter
+    caption: bytearray | None = None
+    has_file: bool = False
+    parts: int = 0
+    _name: str | None = None
+    _headers: dict[str, bytes] = field(default_factory=dict)
+    _field: bytearray = field(default_factory=bytearray)
+    _value: bytearray = field(default_factory=bytearray)
+
+    def begin(self) -> None:
+        self.parts += 1
+        if self.parts > MAX_PARTS:
+            raise ApiError(400, "bad_form", "send one 'file' part and at most a 'caption'")
+        self._headers, self._name = {}, None
+
+    def header_field(self, data: bytes, start: int, end: int) -> None:
+        self._field += data[start:end]
+
+    def header_value(self, data: bytes, start: int, end: int) -> None:
+        self._value += data[start:end]
+
+    def header_end(self) -> None:
+        self._headers[bytes(self._field).decode("latin-1").lower()] = bytes(self._value)
+        self._field, self._value = bytearray(), bytearray()
+
+    def headers_done(self) -> None:
+        _, options = parse_options_header(self._headers.get("content-disposition", b""))
+        name = options.get(b"name", b"").decode("latin-1")
+        if name == "file":
+            if self.has_file:
+                raise ApiError(400, "bad_form", "send one 'file' part")
+            self.has_file = True
+        elif name == "caption":
+            self.caption = bytearray()
+        else:
+            raise ApiError(400, "bad_form", "the form takes a 'file' and a 'caption', no more")
+        self._name = name
+
+    def data(self, data: bytes, start: int, end: int) -> None:
+        if self._name == "file":
+            self.writer.write(data[start:end])
+        elif self.caption is not None:
+            self.caption += data[start:end]
+            if len(self.caption) > 4 * MAX_CAPTION:
+                raise ApiError(422, "invalid", f"caption: at most {MAX_CAPTION} characters")
+
+    def text_caption(self) -> str | None:
+        if self.caption is None:
+            return None
+        try:
+            text = self.caption.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ApiError(422, "invalid", "caption: expected UTF-8 text") from None
+        if len(text) > MAX_CAPTION:
+            raise ApiError(422, "invalid", f"caption: at most {MAX_CAPTION} characters")
+        return text
+
+
+def boundary_of(request: Request) -> bytes:
+    kind, options = parse_options_header(request.headers.get("content-type", ""))
+    boundary = options.get(b"boundary")
+    if kind != b"multipart/form-data" or not boundary:
+        raise ApiError(
+            415, "unsupported_media_type", "send the upload as multipart/form-data (field 'file')"
+        )
+    return boundary
+
+
+def check_length(request: Request, limit: int) -> None:
+    declared = request.headers.get("content-length")
+    if declared is None:
+        return
+    if not declared.isdigit():
+        raise ApiError(400, "bad_request", "Content-Length: expected a number of bytes")
+    if int(declared) > limit + FORM_OVERHEAD:
+        raise too_large(limit)
+
+
+def too_large(limit: int) -> ApiError:
+    return ApiError(413, "too_large", f"an upload may have at most {limit} bytes")
+
+
+async def read_form(chunks: AsyncIterator[bytes], boundary: bytes, writer: BlobWriter) -> Form:
+    """Parse a multipart body as it streams in, writing its file part to `writer`."""
+    form = Form(writer)
+    parser = MultipartParser(
+        boundary,
+        {
+            "on_part_begin": form.begin,
+            "on_header_field": form.header_field,
+            "on_header_value": form.header_value,
+            "on_header_end": form.header_end,
+            "on_headers_finished": form.headers_done,
+            "on_part_data": form.data,
+        },
+    )
+    try:
+        async for chunk in chunks:
+            parser.write(chunk)
+        parser.finalize()
+    except MultipartParseError:
+        raise ApiError(400, "bad_form", "the multipart body could not be read") from None
+    if not form.has_file:
+        raise ApiError(400, "bad_form", "send the media as a form field named 'file'")
+    if writer.size == 0:
+        raise ApiError(400, "bad_form", "the file is empty")
+    return form
+
+
+def media_id_for(token_id: str, event: str, key: str) -> str:
+    """The media id an idempotency key stands for: the same key of the same token and event,
+    the same id."""
+    return hashlib.sha256(f"{token_id}\0{event}\0{key}".encode()).hexdigest()[:32]
+
+
+def session_of(request: Request) -> tuple[str, bool]:
+    """The contributor's session id from its cookie, or a new one (and True: set it)."""
+    given = request.cookies.get(SESSION_COOKIE, "")
+    if _SESSION.fullmatch(given):
+        return given, False
+    return "s" + secrets.token_hex(12), True
+
+
+def session_cookie(svc: Service, event: str, session: str) -> dict[str, str]:
+    """The Set-Cookie header that keeps a new session id (sent with a 429 too: a client told
+    to come back stays in its session)."""
+    made = Response()
+    made.set_cookie(
+        SESSION_COOKIE,
+        session,
+        max_age=86400,
+        path=f"/v1/events/{event}",
+        httponly=True,
+        samesite="lax",
+        secure=svc.settings.secure_cookies,
+    )
+    return {"set-cookie": made.headers["set-cookie"]}
+
+
+@router.post(
+    "/v1/events/{event}/uploads",
+    status_code=202,
+    response_model=Accepted,
+    summary="Upload a photo, a video or a voice note to an event",
+    responses={
+        400: {"description": "the form is malformed"},
+        401: {"description": "no valid bearer token"},
+        403: {"description": "the token's role may not upload"},
+        404: {"description": "no such event for this token"},
+        413: {"description": "larger than any class takes"},
+        415: {"description": "not multipart/form-data"},
+        422: {"description": "a bad field, or an idempotency key reused with other content"},
+        429: {"description": "admission is full: retry after Retry-After seconds"},
+    },
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["file"],
+                        "properties": {
+                            "file": {"type": "string", "format": "binary"},
+                            "caption": {"type": "string", "maxLength": MAX_CAPTION},
+                        },
+                    }
+                }
+            },
+        }
+    },
+)
+async def upload(
+    event: Event,
+    request: Request,
+    response: Response,
+    svc: TheService,
+    who: Caller,
+    idempotency_key: Annotated[
+        str | None,
+        Header(description="the same key again returns the first answer", max_length=200),
+    ] = None,
+) -> Accepted:
+    await require(svc, who, Role.CONTRIBUTOR, event=event, action="upload")
+    media_id = None
+    if idempotency_key is not None:
+        if not _KEY.fullmatch(idempotency_key):
+            raise ApiError(422, "invalid", "Idempotency-Key: 1 to 200 printable ASCII characters")
+        media_id = media_id_for(who.token_id, event, idempotency_key)
+    moderation = svc.moderation
+    limit = moderation.max_bytes
+    check_length(request, limit)
+    boundary = boundary_of(request)
+    session, new_session = session_of(request)
+    cookie = session_cookie(svc, event, session) if new_session else {}
+    try:
+        with moderation.media.writer(limit=limit) as writer:
+            form = await read_form(request.stream(), boundary, writer)
+            caption = form.text_caption()
+            blob = await off_loop(writer.keep)
+        item = await moderation.receive(
+            blob, event=event, session=session, media_id=media_id, caption=caption
+        )
+    except TooLarge:
+        raise too_large(limit) from None
+    except UploadConflict as conflict:
+        raise ApiError(
+            422,
+            "idempotency_conflict",
+            f"this Idempotency-Key was used for an upload whose {conflict.field} differs; "
+            "use a new key for a new upload",
+        ) from None
+    except QueueFull as full:
+        whose = "your session" if full.scope == "flow" else "this event"
+        raise ApiError(
+            429,
+            "queue_full",
+            f"{whose} has as many uploads waiting as admitted; send it again later",
+            {"Retry-After": str(svc.settings.retry_after), **cookie},
+        ) from None
+    except ConfigError as error:
+        raise ApiError(422, "invalid", str(error)) from None
+    response.headers.update(cookie)
+    return Accepted(media_id=item.media_id, state="queued", event=event)

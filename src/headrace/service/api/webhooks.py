@@ -1,0 +1,154 @@
+"""`POST /webhooks/{provider}`: deliveries from a provider, checked, kept once, acknowledged.
+
+A delivery is signed with the provider's secret (`ApiSettings.webhook_secrets`): the header
+`Webhook-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">` (several `v1=`
+values may be sent while a secret is rotated). The timestamp must be within the window
+(`webhook_window`, 300 s by default) of the store's clock, so a captured delivery cannot be
+replayed later. The body is a JSON object with an `id` (the provider's event id), a `type`,
+and for a remote job's completion its `remote_id`, `status` (`succeeded` or `failed`) and an
+optional `result`.
+
+A delivery is acknowledged (200) only once it is a record in the store (kind `delivery`,
+keyed by provider and event id): a provider that retries a delivery it saw no answer to gets
+200 again, `"duplicate": true`, and the delivery is kept and acted on once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Path, Request
+from pydantic import BaseModel
+
+from headrace.service.api.deps import ApiError, TheService
+from headrace.store.records import Audit
+
+router = APIRouter(tags=["webhooks"])
+
+DELIVERY = "delivery"  # the record kind of a webhook delivery
+MAX_BODY = 256 * 1024
+STATUSES = ("succeeded", "failed")
+
+Provider = Annotated[str, Path(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")]
+
+
+class Acknowledged(BaseModel):
+    id: str
+    duplicate: bool
+
+
+def signature_ok(secret: str, header: str, body: bytes) -> tuple[bool, float | None]:
+    """Whether `header` signs `body` with `secret`, and the timestamp it signed."""
+    timestamp, signatures = None, []
+    for part in header.split(","):
+        name, _, value = part.strip().partition("=")
+        if name == "t" and value.isdigit() and len(value) <= 12:
+            timestamp = value
+        elif name == "v1" and len(value) == 64:
+            signatures.append(value)
+    if timestamp is None or not signatures:
+        return False, None
+    signed = timestamp.encode() + b"." + body
+    expected = hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+    good = any(hmac.compare_digest(expected, given) for given in signatures)
+    return good, float(timestamp)
+
+
+def sign(secret: str, body: bytes, timestamp: int) -> str:
+    """The `Webhook-Signature` header a provider sends (for tests and the provider simulator)."""
+    mac = hmac.new(secret.encode(), str(timestamp).encode() + b"." + body, hashlib.sha256)
+    return f"t={timestamp},v1={mac.hexdigest()}"
+
+
+def parse(body: bytes) -> dict[str, Any]:
+    try:
+        found = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "bad_request", "the body must be a JSON object") from None
+    if not isinstance(found, dict):
+        raise ApiError(400, "bad_request", "the body must be a JSON object")
+    event_id, kind = found.get("id"), found.get("type")
+    if not isinstance(event_id, str) or not 0 < len(event_id) <= 200:
+        raise ApiError(422, "invalid", "id: the provider's event id, 1 to 200 characters")
+    if not isinstance(kind, str) or not 0 < len(kind) <= 100:
+        raise ApiError(422, "invalid", "type: 1 to 100 characters")
+    remote_id, status = found.get("remote_id"), found.get("status")
+    if remote_id is not None and (not isinstance(remote_id, str) or len(remote_id) > 200):
+        raise ApiError(422, "invalid", "remote_id: at most 200 characters")
+    if remote_id is not None and status not in STATUSES:
+        raise ApiError(422, "invalid", "status: 'succeeded' or 'failed' with a remote_id")
+    return found
+
+
+@router.post(
+    "/webhooks/{provider}",
+    response_model=Acknowledged,
+    summary="Receive a provider's signed delivery",
+    responses={
+        400: {"description": "not a JSON object"},
+        401: {"description": "missing or wrong signature, or a timestamp out of the window"},
+        404: {"description": "no such provider"},
+        413: {"description": "larger than 256 KiB"},
+        422: {"description": "a field is missing or malformed"},
+    },
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["id", "type"],
+                        "properties": {
+                            "id": {"type": "string"},
+                            "type": {"type": "string"},
+                            "remote_id": {"type": "string"},
+                            "status": {"type": "string", "enum": list(STATUSES)},
+                            "result": {},
+                        },
+                    }
+                }
+            },
+        }
+    },
+)
+async def receive(
+    provider: Provider,
+    request: Request,
+    svc: TheService,
+    webhook_signature: Annotated[str | None, Header(max_length=1000)] = None,
+) -> Acknowledged:
+    secret = svc.settings.webhook_secrets.get(provider)
+    if secret is None:
+        raise ApiError(404, "not_found", "no such provider")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY:
+            raise ApiError(413, "too_large", f"a delivery may have at most {MAX_BODY} bytes")
+    good, timestamp = signature_ok(secret, webhook_signature or "", bytes(body))
+    if not good or timestamp is None:
+        raise ApiError(401, "bad_signature", "the Webhook-Signature does not sign this body")
+    now = await svc.store.now()
+    if abs(now - timestamp) > svc.settings.webhook_window:
+        raise ApiError(401, "stale", "the signed timestamp is outside the accepted window")
+    found = parse(bytes(body))
+    key = hashlib.sha256(f"{provider}\0{found['id']}".encode()).hexdigest()
+    kept = await svc.store.put_record(
+        DELIVERY,
+        key,
+        scope=provider,
+        state="received",
+        body={
+            "event_id": found["id"],
+            "type": found["type"],
+            "remote_id": found.get("remote_id"),
+            "status": found.get("status"),
+            "result": found.get("result"),
+        },
+        audit=Audit("webhook.received", provider),
+    )
+    return Acknowledged(id=found["id"], duplicate=not kept.applied)

@@ -1,0 +1,92 @@
+"""`headrace serve`: the HTTP service under uvicorn, with workers in the same process unless
+told to leave the work to `headrace worker` processes."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import uvicorn
+
+from headrace.pipelines.moderation.pipeline import Moderation
+from headrace.policy.errors import ConfigError
+from headrace.runtime.worker import Worker
+from headrace.service import logs
+from headrace.service.api.app import create_api
+from headrace.service.api.deps import ApiSettings
+from headrace.store.urls import hide_passwords
+
+log = logging.getLogger("headrace.serve")
+GRACE = 30.0
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str
+    port: int
+    workers: int
+    settings: ApiSettings
+
+
+def webhook_secrets(given: Sequence[str]) -> dict[str, str]:
+    """`PROVIDER=SECRET` pairs (from options, or whitespace-separated in the environment)."""
+    secrets: dict[str, str] = {}
+    for pair in given:
+        provider, _, secret = pair.partition("=")
+        if not provider or not secret or provider in secrets:
+            raise ConfigError(
+                "--webhook-secret: expected PROVIDER=SECRET once per provider "
+                "(the secret is not shown here)"
+            )
+        secrets[provider] = secret
+    return secrets
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before uvicorn starts: a port in use is an OSError the
+    command reports in one line."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        error.filename = f"{host}:{port}"
+        raise
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(moderation: Moderation, options: ServeOptions) -> None:
+    app = moderation.app
+    workers = [Worker(app, name=f"serve-{n}", grace=GRACE) for n in range(options.workers)]
+    api = create_api(moderation, options.settings, workers=workers)
+    sock = bind(options.host, options.port)
+    config = uvicorn.Config(
+        api,
+        access_log=False,  # headrace.http logs each request without its query string
+        log_config=None,
+        timeout_graceful_shutdown=int(GRACE),
+        proxy_headers=False,
+        server_header=False,
+    )
+    where = f"http://{options.host}:{options.port}"
+    log.info(
+        "serving %s: store %s, media %s, %d worker%s in this process",
+        where,
+        hide_passwords(app.url),
+        moderation.media.root,
+        options.workers,
+        "" if options.workers == 1 else "s",
+    )
+    for worker in workers:
+        logs.worker_started(worker, "headrace serve")
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def describe(secrets: Mapping[str, str]) -> str:
+    return ", ".join(sorted(secrets)) or "none"

@@ -1,0 +1,434 @@
+"""The HTTP API, in process over an SQLite store: every endpoint, and each error answer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from headrace.pipelines.moderation import samples
+from headrace.pipelines.moderation.pipeline import ITEM, Admission
+from headrace.service.api.uploads import SESSION_COOKIE, media_id_for
+from headrace.service.api.webhooks import sign
+
+from .api import WEBHOOK_SECRET, Harness, harness
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> tuple[str, dict[str, Any]]:
+    return ("asyncio", {"debug": True})  # real time: the SQLite store's thread, real sockets
+
+
+def error_code(answer: Any) -> str:
+    code: str = answer.json()["error"]["code"]
+    return code
+
+
+async def reviewable(h: Harness, caption: str | None = None, data: bytes | None = None) -> str:
+    answer = await h.upload(caption=caption, data=data)
+    assert answer.status_code == 202, answer.text
+    await h.drain()
+    media_id: str = answer.json()["media_id"]
+    return media_id
+
+
+# -- uploads
+
+
+async def test_an_upload_is_answered_202_queued_once_its_task_is_durable(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        answer = await h.upload(caption="on stage")
+        assert answer.status_code == 202
+        body = answer.json()
+        assert body["state"] == "queued" and body["event"] == "gala"
+        task = await h.moderation.app.store.find(f"validate:{body['media_id']}")
+        assert task is not None and task.group == "gala"
+        session = answer.cookies[SESSION_COOKIE]
+        assert re.fullmatch(r"s[0-9a-f]{24}", session) and task.flow == session
+        assert "Path=/v1/events/gala" in answer.headers["set-cookie"]
+        again = await h.upload(cookies={SESSION_COOKIE: session})
+        assert SESSION_COOKIE not in again.cookies  # the session is kept, not renewed
+        second = await h.moderation.app.store.find(f"validate:{again.json()['media_id']}")
+        assert second is not None and second.flow == session
+
+
+async def test_a_retried_upload_with_its_idempotency_key_gets_the_first_answer(
+    tmp_path: Path,
+) -> None:
+    async with harness(tmp_path) as h:
+        photo = samples.jpeg(320, 240, shade=10)
+        first = await h.upload(data=photo, key="k-1", caption="hi")
+        again = await h.upload(data=photo, key="k-1", caption="hi")
+        assert first.status_code == again.status_code == 202
+        assert first.json() == again.json()
+        other = await h.upload(data=samples.jpeg(320, 240, shade=90), key="k-1", caption="hi")
+        assert other.status_code == 422 and error_code(other) == "idempotency_conflict"
+        recaptioned = await h.upload(data=photo, key="k-1", caption="changed")
+        assert recaptioned.status_code == 422
+        tasks = await h.moderation.app.store.tasks()
+        assert [t.ref for t in tasks] == [first.json()["media_id"]]
+        assert first.json()["media_id"] == await uploader_media_id(h, "k-1")
+
+
+async def test_an_upload_past_the_largest_class_is_413_and_nothing_is_kept(
+    tmp_path: Path,
+) -> None:
+    async with harness(tmp_path) as h:
+        limit = h.moderation.max_bytes
+        answer = await h.upload(data=b"\xff\xd8\xff" + bytes(limit))
+        assert answer.status_code == 413 and error_code(answer) == "too_large"
+        assert str(limit) in answer.json()["error"]["message"]
+        assert await h.moderation.app.store.tasks() == []
+        kept = [p for p in (h.moderation.media.root / "blobs").rglob("*") if p.is_file()]
+        assert kept == []
+        assert list((h.moderation.media.root / "tmp").iterdir()) == []
+
+
+async def test_a_full_session_or_event_is_429_with_retry_after_and_the_item_declined(
+    tmp_path: Path,
+) -> None:
+    async with harness(tmp_path, admission=Admission(per_event=3, per_session=2)) as h:
+        first = await h.upload(key="a")
+        session = {SESSION_COOKIE: first.cookies[SESSION_COOKIE]}
+        assert (await h.upload(key="b", cookies=session)).status_code == 202
+        full = await h.upload(key="c", cookies=session)
+        assert full.status_code == 429 and error_code(full) == "queue_full"
+        assert full.headers["retry-after"] == "2"
+        assert "your session" in full.json()["error"]["message"]
+        declined = await h.moderation.records.get(await uploader_media_id(h, "c"))
+        assert declined.state.value == "declined"
+        assert (await h.upload(key="d")).status_code == 202  # another session gets in
+        event_full = await h.upload(key="e")
+        assert event_full.status_code == 429 and "this event" in event_full.text
+        await h.drain()
+        # Sent again with its key once there is room: accepted, and processed.
+        again = await h.upload(key="c", cookies=session)
+        assert again.status_code == 202
+        await h.drain()
+        item = await h.moderation.records.get(again.json()["media_id"])
+        assert item.state.value == "reviewable"
+
+
+async def uploader_media_id(h: Harness, key: str) -> str:
+    [token] = await h.moderation.app.store.list_records("token", scope="uploader")
+    return media_id_for(token.id, "gala", key)
+
+
+async def test_a_429_keeps_the_contributor_in_its_session(tmp_path: Path) -> None:
+    async with harness(tmp_path, admission=Admission(per_event=1, per_session=1)) as h:
+        assert (await h.upload()).status_code == 202
+        refused = await h.upload()
+        assert refused.status_code == 429
+        assert SESSION_COOKIE in refused.cookies  # a new session, kept for the retry
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "status", "code"),
+    [
+        ({"Content-Type": "application/json"}, b"{}", 415, "unsupported_media_type"),
+        ({"Content-Type": "multipart/form-data; boundary=x"}, b"--x\r\n", 400, "bad_form"),
+        ({"Content-Type": "multipart/form-data; boundary=x"}, b"--x--\r\n", 400, "bad_form"),
+        ({"Idempotency-Key": "with space", "Content-Type": "text/plain"}, b"", 422, "invalid"),
+    ],
+)
+async def test_malformed_uploads_are_refused_with_what_to_send(
+    tmp_path: Path, headers: dict[str, str], body: bytes, status: int, code: str
+) -> None:
+    async with harness(tmp_path) as h:
+        answer = await h.client.post(
+            "/v1/events/gala/uploads", headers={**h.auth("uploader"), **headers}, content=body
+        )
+        assert (answer.status_code, error_code(answer)) == (status, code)
+
+
+async def test_an_unexpected_form_field_or_an_empty_file_is_400(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        answer = await h.client.post(
+            "/v1/events/gala/uploads",
+            headers=h.auth("uploader"),
+            files={"file": ("a.jpg", samples.jpeg())},
+            data={"location": "x"},
+        )
+        assert answer.status_code == 400 and "'file' and a 'caption'" in answer.text
+        empty = await h.upload(data=b"")
+        assert empty.status_code == 400 and "empty" in empty.text
+
+
+# -- auth
+
+
+async def test_no_token_or_an_unknown_one_is_401(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        bare = await h.client.get("/v1/stages")
+        assert bare.status_code == 401 and bare.headers["www-authenticate"] == "Bearer"
+        wrong = await h.client.get("/v1/stages", headers={"Authorization": "Bearer hr_nope"})
+        assert wrong.status_code == 401 and "invalid_token" in wrong.headers["www-authenticate"]
+
+
+async def test_roles_are_scoped_to_events_and_denials_are_audited(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        media_id = await reviewable(h)
+        other = h.auth("other-moderator")
+        assert (await h.client.get(f"/v1/items/{media_id}", headers=other)).status_code == 404
+        missing = await h.client.get(f"/v1/items/{'0' * 32}", headers=other)
+        assert missing.status_code == 404  # the same answer as for another event's item
+        assert (await h.client.get("/v1/events/gala/items", headers=other)).status_code == 404
+        assert (await h.client.get("/v1/groups/gala", headers=other)).status_code == 404
+        # A contributor may upload, not moderate; a moderator may not see gates.
+        contributor = await h.client.get(f"/v1/items/{media_id}", headers=h.auth("uploader"))
+        assert contributor.status_code == 403
+        gates = await h.client.get("/v1/gates", headers=h.auth("moderator"))
+        assert gates.status_code == 403
+        wrong_event = await h.upload(event="fair")
+        assert wrong_event.status_code == 404
+        denied = [
+            (row.actor, row.action)
+            for row in await h.moderation.app.store.audit_log()
+            if row.outcome == "denied"
+        ]
+        assert ("other-moderator", "read") in denied
+        assert ("uploader", "read") in denied
+        assert ("moderator", "gates.read") in denied
+        assert ("uploader", "upload") in denied
+
+
+# -- items and decisions
+
+
+async def test_items_come_in_a_stable_order_with_a_count_of_newer_ones(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        first = [await reviewable(h) for _ in range(3)]
+        page = await h.client.get(
+            "/v1/events/gala/items", params={"state": "reviewable"}, headers=h.auth("moderator")
+        )
+        body = page.json()
+        assert [item["media_id"] for item in body["items"]] == first
+        assert body["newer"] == 0
+        later = await reviewable(h)
+        past = await h.client.get(
+            "/v1/events/gala/items",
+            params={"state": "reviewable", "after": body["next"]},
+            headers=h.auth("moderator"),
+        )
+        assert [item["media_id"] for item in past.json()["items"]] == [later]
+        small = await h.client.get(
+            "/v1/events/gala/items", params={"limit": 2}, headers=h.auth("moderator")
+        )
+        assert small.json()["newer"] == 2
+        bad = await h.client.get(
+            "/v1/events/gala/items", params={"limit": 0}, headers=h.auth("moderator")
+        )
+        assert bad.status_code == 422 and "limit" in bad.json()["error"]["message"]
+
+
+async def test_an_item_shows_its_preview_type_state_and_caption(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        media_id = await reviewable(h, caption="the band", data=samples.jpeg(1024, 768))
+        item = (await h.client.get(f"/v1/items/{media_id}", headers=h.auth("moderator"))).json()
+        assert (item["state"], item["media_type"], item["format"]) == (
+            "reviewable",
+            "image",
+            "jpeg",
+        )
+        assert item["caption"] == "the band" and item["reason"] is None
+        preview = await h.client.get(item["preview"], headers=h.auth("moderator"))
+        assert preview.status_code == 200 and preview.headers["content-type"] == "image/webp"
+        assert preview.content[:4] == b"RIFF"
+        small = await h.client.get(item["thumbnail"], headers=h.auth("moderator"))
+        assert small.status_code == 200 and len(small.content) < len(preview.content)
+
+
+async def test_a_quarantined_item_shows_why(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        answer = await h.upload(data=samples.jpeg() + samples.eicar())
+        await h.drain()
+        media_id = answer.json()["media_id"]
+        item = (await h.client.get(f"/v1/items/{media_id}", headers=h.auth("moderator"))).json()
+        assert (item["state"], item["reason"]) == ("quarantined", "Eicar-Test-Signature")
+        assert item["preview"] is None
+        none = await h.client.get(f"/v1/items/{media_id}/preview", headers=h.auth("moderator"))
+        assert none.status_code == 404
+
+
+async def test_two_moderators_approving_at_once_converge_with_one_notice(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        media_id = await reviewable(h)
+        answers = await asyncio.gather(
+            *(
+                h.client.post(f"/v1/items/{media_id}/approve", headers=h.auth(who))
+                for who in ("moderator", "admin")
+            )
+        )
+        assert [a.status_code for a in answers] == [200, 200]
+        assert sorted(a.json()["applied"] for a in answers) == [False, True]
+        assert {a.json()["item"]["state"] for a in answers} == {"approved"}
+        store = h.moderation.app.store
+        rows = await store.audit_log(kind=ITEM, record_id=media_id)
+        reviews = [row for row in rows if row.action == "review.approved"]
+        assert len(reviews) == 2
+        notices = await store.outbox()
+        assert [(n.topic, n.record_id) for n in notices] == [("item.approved", media_id)]
+        trail = await h.client.get(f"/v1/items/{media_id}/audit", headers=h.auth("moderator"))
+        assert [row["outcome"] for row in trail.json()][-2:] == ["applied", "unchanged: approved"]
+        conflict = await h.client.post(f"/v1/items/{media_id}/reject", headers=h.auth("moderator"))
+        assert conflict.status_code == 409 and error_code(conflict) == "conflict"
+
+
+async def test_an_item_not_yet_reviewable_cannot_be_decided(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        media_id = (await h.upload()).json()["media_id"]
+        early = await h.client.post(f"/v1/items/{media_id}/approve", headers=h.auth("moderator"))
+        assert early.status_code == 409 and "accepted" in early.text
+        bad = await h.client.post("/v1/items/not-an-id/approve", headers=h.auth("moderator"))
+        assert bad.status_code == 422
+
+
+# -- status and operations
+
+
+async def test_tasks_groups_stages_and_gates(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        queued = (await h.upload()).json()["media_id"]
+        store = h.moderation.app.store
+        task = await store.find(f"validate:{queued}")
+        assert task is not None
+        seen = await h.client.get(f"/v1/tasks/{task.id}", headers=h.auth("moderator"))
+        assert seen.json()["phase"] == "queued" and seen.json()["state"] == "ready"
+        hidden = await h.client.get(f"/v1/tasks/{task.id}", headers=h.auth("other-moderator"))
+        assert hidden.status_code == 404
+        assert (await h.client.get("/v1/tasks/99999", headers=h.auth("admin"))).status_code == 404
+        stages = (await h.client.get("/v1/stages", headers=h.auth("moderator"))).json()
+        [validate] = stages["stages"]
+        assert (validate["kind"], validate["cost_class"], validate["ready"]) == (
+            "moderation.validate.image",
+            "image",
+            1,
+        )
+        assert validate["p95_age"] is not None and stages["p95_age_by_class"]["image"] >= 0
+        await h.drain()
+        group = (await h.client.get("/v1/groups/gala", headers=h.auth("moderator"))).json()
+        assert group["percent"] == 100.0 and group["by_state"]["succeeded"] == group["total"] == 3
+        assert set(group["cost"]) == {
+            "moderation.validate.image",
+            "moderation.scan.image",
+            "moderation.derive.image",
+        }
+        assert (await h.client.get("/v1/groups/none", headers=h.auth("admin"))).status_code == 404
+        gates = await h.client.get("/v1/gates", headers=h.auth("admin"))
+        assert gates.status_code == 200 and isinstance(gates.json(), list)
+
+
+async def test_dead_letters_are_listed_shown_and_redriven_by_an_admin(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        answer = await h.upload(data=samples.jpeg()[:300])  # truncated: refused, dead
+        await h.drain()
+        media_id = answer.json()["media_id"]
+        letters = (await h.client.get("/v1/dead-letters", headers=h.auth("admin"))).json()
+        [letter] = letters
+        assert (letter["ref"], letter["error_code"]) == (media_id, "media.corrupt")
+        shown = await h.client.get(f"/v1/dead-letters/{letter['id']}", headers=h.auth("admin"))
+        assert shown.json()["attempts"][0]["code"] == "media.corrupt"
+        denied = await h.client.get("/v1/dead-letters", headers=h.auth("moderator"))
+        assert denied.status_code == 403
+        redriven = await h.client.post(
+            f"/v1/dead-letters/{letter['id']}/redrive", headers=h.auth("admin")
+        )
+        assert redriven.json()["state"] == "ready"
+        again = await h.client.post(
+            f"/v1/dead-letters/{letter['id']}/redrive", headers=h.auth("admin")
+        )
+        assert again.status_code == 404  # no longer dead
+
+
+async def test_metrics_in_prometheus_text_for_an_admin(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        await h.upload()
+        denied = await h.client.get("/metrics", headers=h.auth("moderator"))
+        assert denied.status_code == 403
+        text = (await h.client.get("/metrics", headers=h.auth("admin"))).text
+        assert (
+            'headrace_stage_tasks{class="image",stage="moderation.validate.image",state="ready"}'
+            " 1.0" in text
+        )
+        assert 'headrace_stage_age_seconds_bucket{class="image"' in text
+        assert 'headrace_tasks{state="ready"} 1.0' in text
+        assert "headrace_remote_jobs_unresolved 0.0" in text
+        assert "# TYPE headrace_stage_oldest_age_seconds gauge" in text
+
+
+async def test_healthz_and_the_openapi_document(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        assert (await h.client.get("/healthz")).json() == {"status": "ok"}
+        document = (await h.client.get("/openapi.json")).json()
+        assert "/v1/events/{event}/uploads" in document["paths"]
+        assert "/webhooks/{provider}" in document["paths"]
+        nowhere = await h.client.get("/v1/nowhere")
+        assert nowhere.status_code == 404 and error_code(nowhere) == "not_found"
+
+
+# -- webhooks
+
+
+async def delivery(h: Harness, body: dict[str, Any], *, skew: float = 0.0, secret: str = "") -> Any:
+    raw = json.dumps(body).encode()
+    now = int(await h.moderation.app.store.now() + skew)
+    signature = sign(secret or WEBHOOK_SECRET, raw, now)
+    return await h.client.post(
+        "/webhooks/vidgen",
+        content=raw,
+        headers={"Webhook-Signature": signature, "Content-Type": "application/json"},
+    )
+
+
+async def test_a_webhook_is_kept_once_and_acknowledged_again(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        body = {"id": "evt_1", "type": "job.done", "remote_id": "job-9", "status": "succeeded"}
+        first = await delivery(h, body)
+        again = await delivery(h, body)
+        assert first.status_code == again.status_code == 200
+        assert (first.json()["duplicate"], again.json()["duplicate"]) == (False, True)
+        kept = await h.moderation.app.store.list_records("delivery")
+        assert len(kept) == 1 and kept[0].body["remote_id"] == "job-9"
+
+
+@pytest.mark.parametrize(
+    ("change", "status", "code"),
+    [
+        ({"secret": "another-secret-0123456789"}, 401, "bad_signature"),
+        ({"skew": -3600.0}, 401, "stale"),
+        ({"body": {"type": "x"}}, 422, "invalid"),
+        ({"body": {"id": "e", "type": "x", "remote_id": "j", "status": "maybe"}}, 422, "invalid"),
+    ],
+)
+async def test_a_webhook_that_is_not_signed_fresh_and_whole_is_refused(
+    tmp_path: Path, change: dict[str, Any], status: int, code: str
+) -> None:
+    async with harness(tmp_path) as h:
+        body = change.get("body", {"id": "evt_2", "type": "job.done"})
+        answer = await delivery(
+            h, body, skew=change.get("skew", 0.0), secret=change.get("secret", "")
+        )
+        assert (answer.status_code, error_code(answer)) == (status, code)
+        assert await h.moderation.app.store.list_records("delivery") == []
+
+
+async def test_a_webhook_of_an_unknown_provider_or_unsigned_is_refused(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        unknown = await h.client.post("/webhooks/nobody", content=b"{}")
+        assert unknown.status_code == 404
+        unsigned = await h.client.post("/webhooks/vidgen", content=b'{"id":"1","type":"x"}')
+        assert unsigned.status_code == 401
+        raw = b"not json"
+        now = int(await h.moderation.app.store.now())
+        answer = await h.client.post(
+            "/webhooks/vidgen",
+            content=raw,
+            headers={"Webhook-Signature": sign(WEBHOOK_SECRET, raw, now)},
+        )
+        assert answer.status_code == 400
