@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -14,6 +14,7 @@ import headrace as hr
 from headrace.pipelines.moderation import samples
 from headrace.pipelines.moderation.deploy import make_moderation
 from headrace.pipelines.moderation.pipeline import Admission, Moderation
+from headrace.pipelines.moderation.probe import DEFAULT_LIMITS
 from headrace.service.api.app import create_api
 from headrace.service.api.auth import Role, create_token
 from headrace.service.api.deps import ApiSettings
@@ -57,6 +58,9 @@ class Harness:
         await hr.Worker(self.moderation.app).drain(fail_fast=False)
 
 
+# The default limits with sizes cut to 4 MiB: a test goes past them without sending 1 GiB.
+SMALL_LIMITS = {name: replace(limits, max_bytes=4 << 20) for name, limits in DEFAULT_LIMITS.items()}
+
 TOKENS = {
     "admin": (Role.ADMIN, ["*"]),
     "moderator": (Role.MODERATOR, ["gala"]),
@@ -68,7 +72,10 @@ TOKENS = {
 @contextlib.asynccontextmanager
 async def harness(tmp_path: Path, *, admission: Admission | None = None) -> AsyncIterator[Harness]:
     moderation = make_moderation(
-        f"sqlite:///{tmp_path / 'api.db'}", str(tmp_path / "media"), admission=admission
+        f"sqlite:///{tmp_path / 'api.db'}",
+        str(tmp_path / "media"),
+        admission=admission,
+        limits=SMALL_LIMITS,
     )
     settings = ApiSettings(webhook_secrets={"vidgen": WEBHOOK_SECRET})
     api = create_api(moderation, settings)

@@ -3,9 +3,10 @@ told to leave the work to `headrace worker` processes."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import uvicorn
@@ -74,7 +75,8 @@ def serve(moderation: Moderation, options: ServeOptions) -> None:
         proxy_headers=False,
         server_header=False,
     )
-    where = f"http://{options.host}:{options.port}"
+    host, port = sock.getsockname()[:2]
+    where = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     log.info(
         "serving %s: store %s, media %s, %d worker%s in this process",
         where,
@@ -85,7 +87,18 @@ def serve(moderation: Moderation, options: ServeOptions) -> None:
     )
     for worker in workers:
         logs.worker_started(worker, "headrace serve")
-    uvicorn.Server(config).run(sockets=[sock])
+    QuietExit(config).run(sockets=[sock])
+
+
+class QuietExit(uvicorn.Server):
+    """uvicorn's server, whose graceful stop on SIGINT or SIGTERM ends with status 0, as
+    `headrace worker`'s does (uvicorn raises the signal again once it has stopped)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            yield
+            self._captured_signals.clear()
 
 
 def describe(secrets: Mapping[str, str]) -> str:

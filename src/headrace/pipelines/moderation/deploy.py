@@ -12,10 +12,12 @@ processes (on this host or others) agree:
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 import headrace as hr
 from headrace.pipelines.moderation.media import MediaStore
 from headrace.pipelines.moderation.pipeline import Admission, Moderation
+from headrace.pipelines.moderation.probe import Limits, MediaClass
 from headrace.pipelines.moderation.scan import BuiltinScanner, ClamdScanner, Scanner
 
 DEFAULT_URL = "sqlite:///headrace.db"
@@ -28,6 +30,7 @@ def make_moderation(
     clamd: str | None = None,
     *,
     admission: Admission | None = None,
+    limits: Mapping[MediaClass, Limits] | None = None,
 ) -> Moderation:
     """The pipeline over a store and a media directory (each from the environment when not
     given)."""
@@ -35,7 +38,7 @@ def make_moderation(
     scanner: Scanner = ClamdScanner(clamd) if clamd else BuiltinScanner()
     app = hr.App(url or os.environ.get("HEADRACE_URL") or DEFAULT_URL)
     root = media or os.environ.get("HEADRACE_MEDIA") or DEFAULT_MEDIA
-    return Moderation(app, MediaStore(root), scanner, admission=admission)
+    return Moderation(app, MediaStore(root), scanner, admission=admission, limits=limits)
 
 
 def make_app() -> hr.App:

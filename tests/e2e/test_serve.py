@@ -1,0 +1,129 @@
+"""`headrace serve` as a team deploys it: a real server process, real sockets."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from headrace.pipelines.moderation import samples
+
+from .commands import ROOT, environment, failure_line, headrace
+from .server import serving, start, stop
+
+pytestmark = pytest.mark.realtime
+
+DEPLOYED = "headrace.pipelines.moderation.deploy:make_app"
+
+
+def wait_for_state(client: httpx.Client, url: str, headers: dict[str, str], state: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if client.get(url, headers=headers).json().get("state") == state:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{url} never reached {state}")
+
+
+def test_an_upload_is_processed_by_the_workers_in_the_serving_process(tmp_path: Path) -> None:
+    with serving(tmp_path) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        answer = client.post(
+            "/v1/events/gala/uploads",
+            headers=server.auth("uploader"),
+            files={"file": ("p.jpg", samples.jpeg(640, 480))},
+        )
+        assert answer.status_code == 202
+        item = f"/v1/items/{answer.json()['media_id']}"
+        wait_for_state(client, item, server.auth("moderator"), "reviewable")
+        approved = client.post(f"{item}/approve", headers=server.auth("moderator"))
+        assert approved.json()["item"]["state"] == "approved"
+        assert client.get("/healthz").json() == {"status": "ok"}
+    # The access log names routes, never raw paths or query strings.
+    requests = [line for line in server.log if "headrace.http" in line]
+    assert any("POST /v1/events/{event}/uploads 202" in line for line in requests)
+    assert not any(answer.json()["media_id"] in line for line in requests)
+
+
+def test_an_upload_declared_too_large_is_refused_before_its_body_is_read(tmp_path: Path) -> None:
+    with serving(tmp_path) as server:
+        address = urlsplit(server.url)
+        assert address.hostname is not None and address.port is not None
+        with socket.create_connection((address.hostname, address.port), timeout=10) as conn:
+            head = (
+                "POST /v1/events/gala/uploads HTTP/1.1\r\n"
+                f"Host: {address.netloc}\r\n"
+                f"Authorization: Bearer {server.tokens['uploader']}\r\n"
+                "Content-Type: multipart/form-data; boundary=b\r\n"
+                f"Content-Length: {8 << 30}\r\n\r\n"  # 8 GiB announced, none of it sent
+            )
+            conn.sendall(head.encode())
+            answer = ""
+            while "}}" not in answer and (chunk := conn.recv(4096)):
+                answer += chunk.decode("latin-1")
+        assert answer.startswith("HTTP/1.1 413"), answer
+        assert '"code":"too_large"' in answer
+        assert not any(server.media.glob("blobs/*/*"))
+
+
+def test_workers_zero_leaves_the_work_to_worker_processes(tmp_path: Path) -> None:
+    with (
+        serving(tmp_path, "--workers", "0") as server,
+        httpx.Client(base_url=server.url, timeout=30) as client,
+    ):
+        answer = client.post(
+            "/v1/events/gala/uploads",
+            headers=server.auth("uploader"),
+            files={"file": ("p.jpg", samples.jpeg(320, 240))},
+        )
+        stages = client.get("/v1/stages", headers=server.auth("admin")).json()["stages"]
+        assert [(s["kind"], s["ready"]) for s in stages] == [("moderation.validate.image", 1)]
+        item = f"/v1/items/{answer.json()['media_id']}"
+        assert client.get(item, headers=server.auth("moderator")).json()["state"] == "accepted"
+        command = [sys.executable, "-m", "headrace", "worker", DEPLOYED, "--db", str(server.db)]
+        worker = subprocess.Popen(
+            command, cwd=ROOT, env=environment({"HEADRACE_MEDIA": str(server.media)})
+        )
+        try:
+            wait_for_state(client, item, server.auth("moderator"), "reviewable")
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(timeout=30) == 0
+
+
+def test_sigterm_stops_the_server_and_its_workers_cleanly(tmp_path: Path) -> None:
+    server = start(tmp_path)
+    assert httpx.get(f"{server.url}/healthz", timeout=30).status_code == 200
+    assert stop(server, signal.SIGTERM) == 0
+    assert not any("Traceback" in line for line in server.log)
+
+
+def test_a_port_in_use_is_one_line_naming_it(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = headrace(
+            "serve", "--db", str(tmp_path / "x.db"), "--media", str(tmp_path), "--port", str(port)
+        )
+    line = failure_line(done)
+    assert f"127.0.0.1:{port}" in line and "another process listens there" in line
+
+
+def test_token_commands_make_and_revoke_tokens(tmp_path: Path) -> None:
+    db = str(tmp_path / "serve.db")  # the store `serving` runs on
+    made = headrace("token", "create", "--db", db, "ana", "--role", "moderator", "--event", "gala")
+    assert made.returncode == 0 and made.stdout.startswith("hr_")
+    wrong = headrace("token", "create", "--db", db, "bo", "--role", "moderator", "--event", "*")
+    assert "only an admin token covers every event" in failure_line(wrong)
+    revoked = headrace("token", "revoke", "--db", db, "ana")
+    assert revoked.stdout.strip() == "1 token(s) of ana revoked"
+    with serving(tmp_path, tokens={}) as server, httpx.Client(base_url=server.url) as client:
+        gone = client.get("/v1/stages", headers={"Authorization": f"Bearer {made.stdout.strip()}"})
+        assert gone.status_code == 401
