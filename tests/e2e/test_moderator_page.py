@@ -1,0 +1,168 @@
+"""The moderator page in real headless Chromium (Debian's package, driven by Playwright): sign
+in, a stable list while uploads arrive, the new-items boundary, approve and reject, and two
+moderators approving one item at once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Page, sync_playwright
+
+from headrace.pipelines.moderation import samples
+from headrace.store.base import Store
+from headrace.store.records import AuditRow, OutboxRow
+from tests.integration.processes import read
+
+from .server import Server, serving
+
+pytestmark = pytest.mark.realtime
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+
+def chromium() -> str:
+    found = shutil.which("chromium")
+    if found is None:
+        reason = "chromium is not installed (apt-get install -y chromium)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason}: CI is set, the page tests must run", pytrace=False)
+        pytest.skip(reason)
+    return found
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    with serving(tmp_path) as running:
+        yield running
+
+
+def upload(server: Server, n: int) -> list[str]:
+    """`n` photos, each waited for until reviewable; their media ids in that order."""
+    ids: list[str] = []
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        for _ in range(n):
+            answer = client.post(
+                "/v1/events/gala/uploads",
+                headers=server.auth("uploader"),
+                files={"file": ("p.jpg", samples.jpeg(800, 600, shade=len(ids) * 30))},
+            )
+            assert answer.status_code == 202, answer.text
+            media_id = answer.json()["media_id"]
+            deadline = time.monotonic() + 60
+            while (
+                client.get(f"/v1/items/{media_id}", headers=server.auth("moderator")).json()[
+                    "state"
+                ]
+                != "reviewable"
+            ):
+                assert time.monotonic() < deadline, f"{media_id} never became reviewable"
+                time.sleep(0.1)
+            ids.append(media_id)
+    return ids
+
+
+def listed(page: Page) -> list[str]:
+    return [str(i.get_attribute("data-media-id")) for i in page.locator("li.item").all()]
+
+
+def sign_in(page: Page, server: Server, who: str) -> None:
+    page.goto(f"{server.url}/login")
+    page.fill("#token", server.tokens[who])
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{server.url}/moderate/gala*")
+
+
+def screenshots(tmp_path: Path) -> Path:
+    where = Path(os.environ.get("HEADRACE_SCREENSHOTS", tmp_path))
+    where.mkdir(parents=True, exist_ok=True)
+    return where
+
+
+def test_a_moderator_reviews_in_a_stable_order_and_crosses_the_new_items_boundary(
+    server: Server, tmp_path: Path
+) -> None:
+    first = upload(server, 3)
+    with sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            wrong = page.goto(f"{server.url}/login")
+            assert wrong is not None and wrong.ok
+            page.fill("#token", "hr_not-a-token")
+            page.click("button[type=submit]")
+            assert "does not sign a moderator in" in page.inner_text(".error")
+            sign_in(page, server, "moderator")
+            assert listed(page) == first
+            assert page.locator("#no-new").is_visible()
+            later = upload(server, 2)  # they arrive while the moderator looks
+            page.wait_for_selector("#show-new", timeout=15_000)
+            assert page.inner_text("#show-new") == "Show 2 new items"
+            assert listed(page) == first  # nothing moved under the cursor
+            page.screenshot(path=str(screenshots(tmp_path) / "moderator-page.png"), full_page=True)
+            page.click("#show-new")
+            page.wait_for_load_state()
+            assert listed(page) == first + later
+            page.click(f"#item-{first[0]} button.approve")
+            page.wait_for_selector(".notice")
+            assert page.inner_text(".notice") == "Approved."
+            page.click(f"#item-{first[1]} button.reject")
+            page.wait_for_selector(".notice")
+            assert page.inner_text(".notice") == "Rejected."
+            assert listed(page) == [first[2], *later]
+            preview = page.locator(f"#item-{first[2]} img")
+            assert preview.evaluate("image => image.naturalWidth") > 0  # the thumbnail loads
+        finally:
+            browser.close()
+    states = item_states(server, first[:2])
+    assert states == {first[0]: "approved", first[1]: "rejected"}
+
+
+def test_two_moderators_approving_one_item_at_once_converge(server: Server) -> None:
+    [media_id] = upload(server, 1)
+    with sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
+        try:
+            pages = []
+            for who in ("moderator", "moderator-2"):
+                page = browser.new_context().new_page()
+                sign_in(page, server, who)
+                pages.append(page)
+            forms = [p.locator(f"#item-{media_id} form") for p in pages]
+            # Both submit before either answer comes back.
+            for form in forms:
+                form.evaluate(
+                    "form => { const b = form.querySelector('button.approve');"
+                    " form.requestSubmit(b); }"
+                )
+            for page in pages:
+                page.wait_for_selector(".notice")
+            notices = sorted(page.inner_text(".notice") for page in pages)
+            assert notices == ["Approved.", "Someone decided that item already."]
+        finally:
+            browser.close()
+    audit, outbox = read(server.db, lambda store: trail(store, media_id))
+    reviews = [row for row in audit if row.action == "review.approved"]
+    assert sorted(row.actor for row in reviews) == ["moderator", "moderator-2"]
+    assert sorted(row.outcome for row in reviews) == ["applied", "unchanged: approved"]
+    assert [(n.topic, n.record_id) for n in outbox] == [("item.approved", media_id)]
+    assert item_states(server, [media_id]) == {media_id: "approved"}
+
+
+async def trail(store: Store, media_id: str) -> tuple[list[AuditRow], list[OutboxRow]]:
+    return await store.audit_log(record_id=media_id), await store.outbox(pending=False)
+
+
+def item_states(server: Server, ids: list[str]) -> dict[str, str]:
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        return {
+            media_id: client.get(f"/v1/items/{media_id}", headers=server.auth("admin")).json()[
+                "state"
+            ]
+            for media_id in ids
+        }
