@@ -48,10 +48,13 @@ def make_tokens(db: Path) -> dict[str, str]:
     return tokens
 
 
-def start(tmp_path: Path, *options: str, tokens: dict[str, str] | None = None) -> Server:
+def start(
+    tmp_path: Path, *options: str, tokens: dict[str, str] | None = None, verbose: bool = False
+) -> Server:
     db, media = tmp_path / "serve.db", tmp_path / "media"
     tokens = tokens if tokens is not None else make_tokens(db)
-    command = [sys.executable, "-m", "headrace", "serve", "--db", str(db), "--media", str(media)]
+    command = [sys.executable, "-m", "headrace", *(["-v"] if verbose else [])]
+    command += ["serve", "--db", str(db), "--media", str(media)]
     command += ["--port", "0", *options]
     env = environment({"HEADRACE_WEBHOOK_SECRETS": f"vidgen={WEBHOOK_SECRET}"})
     process = subprocess.Popen(
@@ -95,9 +98,9 @@ def stop(server: Server, sig: int = signal.SIGTERM) -> int:
 
 @contextlib.contextmanager
 def serving(
-    tmp_path: Path, *options: str, tokens: dict[str, str] | None = None
+    tmp_path: Path, *options: str, tokens: dict[str, str] | None = None, verbose: bool = False
 ) -> Iterator[Server]:
-    server = start(tmp_path, *options, tokens=tokens)
+    server = start(tmp_path, *options, tokens=tokens, verbose=verbose)
     try:
         yield server
     finally:
