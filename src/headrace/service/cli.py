@@ -396,6 +396,27 @@ async def _serve(runner: Worker, target: str) -> None:
     help="The key a provider signs its webhooks with (the variable: pairs separated by spaces).",
 )
 @click.option("--secure-cookies", is_flag=True, help="Cookies only over HTTPS (behind TLS).")
+@click.option(
+    "--per-event",
+    default=Admission.per_event,
+    show_default=True,
+    type=click.IntRange(1, 10_000_000),
+    help="Uploads one event may have waiting; past it, 429.",
+)
+@click.option(
+    "--per-session",
+    default=Admission.per_session,
+    show_default=True,
+    type=click.IntRange(1, 1_000_000),
+    help="Uploads one contributor session may have waiting; past it, 429.",
+)
+@click.option(
+    "--stage-bound",
+    default=Admission.stage_bound,
+    show_default=True,
+    type=click.IntRange(1, 10_000_000),
+    help="Tasks each scan and derive stage holds (size it with the workers: 10 per slot).",
+)
 def serve(
     db: str | None,
     media: Path,
@@ -405,9 +426,14 @@ def serve(
     workers: int,
     webhook_secret: tuple[str, ...],
     secure_cookies: bool,
+    per_event: int,
+    per_session: int,
+    stage_bound: int,
 ) -> None:
     """Serve the HTTP API, the moderator page and /metrics (until SIGINT or SIGTERM)."""
-    moderation = make_moderation(store_url(db) if db else None, str(media), clamd)
+    admission = Admission(per_event=per_event, per_session=per_session, stage_bound=stage_bound)
+    url = store_url(db) if db else None
+    moderation = make_moderation(url, str(media), clamd, admission=admission)
     use_store(moderation.app.url)
     if clamd is not None and not ClamdScanner(clamd).ping():
         raise WrongInput(f"--clamd {clamd}: no clamd answers there; start clamd or leave it out")
