@@ -1223,3 +1223,16 @@ async def test_each_stage_takes_one_item_of_a_flow_per_round_a_newcomers_first(
     # new to that stage, is in the first. a2 is a's next turn at validation, in a lane (a
     # itself) served longer ago than a's scan lane.
     assert refs(await claim(store)) == ["a0-scan", "b0-scan", "a2", "a1-scan", "a3"]
+
+
+async def test_a_delivered_remote_outcome_makes_its_waiting_task_due_now(store: Store) -> None:
+    await store.submit([task("a"), task("b")])
+    leases = await claim(store, 2)
+    for lease in leases:
+        await store.finish(lease, AwaitRemote(f"job-{lease.task.ref}", poll_every=60.0))
+    assert (await store.claim_polls("w1", 10, lease_for=LEASE)).leases == ()
+    assert await store.wake_remote("job-a") == 1
+    assert await store.wake_remote("job-unknown") == 0
+    [polled] = (await store.claim_polls("w1", 10, lease_for=LEASE)).leases
+    assert polled.task.ref == "a"
+    assert await store.wake_remote("job-a") == 0  # its check is running: left to it

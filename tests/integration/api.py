@@ -4,7 +4,7 @@ entered), an httpx client on it, tokens of every role, and a worker to drain the
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -70,13 +70,21 @@ TOKENS = {
 
 
 @contextlib.asynccontextmanager
-async def harness(tmp_path: Path, *, admission: Admission | None = None) -> AsyncIterator[Harness]:
+async def harness(
+    tmp_path: Path,
+    *,
+    admission: Admission | None = None,
+    declare: Callable[[hr.App], object] | None = None,
+) -> AsyncIterator[Harness]:
+    """`declare`: more stages on the moderation app, before the service opens it."""
     moderation = make_moderation(
         f"sqlite:///{tmp_path / 'api.db'}",
         str(tmp_path / "media"),
         admission=admission,
         limits=SMALL_LIMITS,
     )
+    if declare is not None:
+        declare(moderation.app)
     settings = ApiSettings(webhook_secrets={"vidgen": WEBHOOK_SECRET})
     api = create_api(moderation, settings)
     async with api.router.lifespan_context(api):

@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 
+import headrace as hr
 from headrace.pipelines.moderation import samples
 from headrace.pipelines.moderation.pipeline import ITEM, Admission
 from headrace.service.api.uploads import SESSION_COOKIE, media_id_for
 from headrace.service.api.webhooks import sign
+from headrace.store.types import TaskState
 
 from .api import WEBHOOK_SECRET, Harness, harness
 
@@ -395,6 +397,36 @@ async def test_a_webhook_is_kept_once_and_acknowledged_again(tmp_path: Path) -> 
         assert (first.json()["duplicate"], again.json()["duplicate"]) == (False, True)
         kept = await h.moderation.app.store.list_records("delivery")
         assert len(kept) == 1 and kept[0].body["remote_id"] == "job-9"
+
+
+async def test_a_webhook_resolves_the_task_waiting_on_its_remote_job(tmp_path: Path) -> None:
+    def declare(app: hr.App) -> None:
+        @app.task(name="render")
+        async def render(ctx: hr.Context, ref: str) -> hr.RemoteWait:
+            return ctx.await_remote(f"job-{ref}", every="1h")  # no poller: only a webhook
+
+    async with harness(tmp_path, declare=declare) as h:
+        app = h.moderation.app
+        task_id = await app.definition("render").submit("clip-1")
+        worker = hr.Worker(app, idle="0.1s")
+        running = asyncio.create_task(worker.run())
+        try:
+            await until(app, task_id, TaskState.WAITING)
+            body = {"id": "evt-9", "type": "job.done", "remote_id": "job-clip-1"}
+            answer = await delivery(h, {**body, "status": "succeeded", "result": {"s": 6}})
+            assert answer.status_code == 200
+            await until(app, task_id, TaskState.SUCCEEDED)
+        finally:
+            worker.stop()
+            await running
+
+
+async def until(app: hr.App, task_id: int, state: TaskState) -> None:
+    for _ in range(200):
+        if (await app.store.get(task_id)).state is state:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"task {task_id} never became {state.value}")
 
 
 @pytest.mark.parametrize(

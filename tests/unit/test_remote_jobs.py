@@ -15,6 +15,7 @@ import pytest
 import headrace as hr
 from headrace.pipelines.providers import MiniMaxClient, in_process
 from headrace.pipelines.providersim import ProviderSimulator
+from headrace.runtime import remote
 from headrace.store.memory import MemoryStore
 from headrace.store.types import AttemptOutcome, Lease, Outcome, TaskState
 
@@ -363,3 +364,64 @@ async def test_only_a_poller_saying_the_job_failed_leads_to_a_new_job() -> None:
         await render.submit("clip")
         stats = await hr.Worker(app).drain()
     assert len(vendor.submitted) == 1 and stats.succeeded == 1 and len(checks) == 3
+
+
+async def test_a_delivered_outcome_resolves_a_stage_without_a_poller() -> None:
+    app = hr.App("memory://")
+    submitted: list[str] = []
+
+    @app.task(max_attempts=2)
+    async def render(ctx: hr.Context, ref: str) -> hr.RemoteWait:
+        submitted.append(ref)
+        return ctx.await_remote(f"job-{ref}-{len(submitted)}", every="1h")
+
+    async with app:
+        [ok, bad] = [await render.submit(ref) for ref in ("a", "b")]
+        worker = hr.Worker(app, idle="0.1s")
+        running = asyncio.create_task(worker.run())
+        await wait_for(lambda: len(submitted) == 2)
+        await asyncio.sleep(1)
+        assert (await app.store.get(ok)).state is TaskState.WAITING
+        woken = await remote.deliver(app.store, "vidgen", "job-a-1", succeeded=True)
+        assert woken == 1
+        await remote.deliver(app.store, "vidgen", "job-b-2", succeeded=False)
+        began = now()
+        await wait_for(lambda: app.store.active() <= 1)  # type: ignore[attr-defined]
+        assert now() - began < 5  # within the worker's idle, not the hour between checks
+        assert (await app.store.get(ok)).state is TaskState.SUCCEEDED
+        # b's job failed: a new job is submitted (its second attempt), left waiting.
+        await wait_for(lambda: len(submitted) == 3)
+        worker.stop()
+        await running
+        record = await app.store.get(bad)
+        assert (record.state, record.remote_id) == (TaskState.WAITING, "job-b-3")
+
+
+async def test_a_poller_reads_the_delivery_instead_of_asking_the_provider() -> None:
+    app = hr.App("memory://")
+    asked: list[str] = []
+    seen: list[remote.Delivery | None] = []
+
+    async def check(ctx: hr.Context, job: str) -> hr.Result | hr.Pending:
+        seen.append(ctx.delivery)
+        if ctx.delivery is not None:
+            return hr.Result(cost=float(ctx.delivery.result["seconds"]))
+        asked.append(job)
+        return hr.Pending()
+
+    @app.task(poll=check)
+    async def render(ctx: hr.Context, ref: str) -> hr.RemoteWait:
+        return ctx.await_remote("job-1", every="30s")
+
+    async with app:
+        task_id = await render.submit("a")
+        worker = hr.Worker(app, idle="0.1s")
+        running = asyncio.create_task(worker.run())
+        await wait_for(lambda: len(asked) == 1, within=60)
+        await remote.deliver(app.store, "vidgen", "job-1", succeeded=True, result={"seconds": 6})
+        await wait_for(lambda: any(seen), within=5)
+        worker.stop()
+        await running
+        record = await app.store.get(task_id)
+    assert record.state is TaskState.SUCCEEDED and asked == ["job-1"]
+    assert seen[-1] == remote.Delivery("vidgen", True, {"seconds": 6})

@@ -14,6 +14,7 @@ from headrace.store.types import Lease, NewTask, Sibling, TaskRecord
 
 if TYPE_CHECKING:
     from headrace.runtime.app import App, TaskDefinition
+    from headrace.runtime.remote import Delivery
 
 
 @dataclass
@@ -26,6 +27,9 @@ class Context:
     worker: str
     now: float
     successors: list[NewTask] = field(default_factory=list)
+    # How a provider said this task's remote job ended (a webhook), for its poller: when set,
+    # the poller can answer from it instead of asking the provider.
+    delivery: Delivery | None = None
 
     @property
     def task(self) -> TaskRecord:
@@ -93,7 +97,9 @@ class Context:
         self, remote_id: str, *, every: Duration = "10s", timeout: Duration | None = None
     ) -> RemoteWait:
         """Return this from the handler: the task waits on `remote_id` without a worker slot,
-        keeping its gate tickets; the task's poller checks it every `every`."""
+        keeping its gate tickets; the task's poller checks it every `every`, and at once when
+        a webhook delivers its outcome (`remote.deliver`). A stage without a poller waits for
+        that delivery (checked every `every` for one)."""
         return RemoteWait(
             remote_id=str(remote_id),
             every=seconds(every, field="await_remote.every"),

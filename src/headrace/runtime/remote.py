@@ -12,13 +12,16 @@ again. A job that outlived its timeout is cancelled through the hook when the st
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import logging
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from headrace.policy.errors import ConfigError, Fatal, RemoteFailed, TaskFailure, Transient
 from headrace.runtime.calls import call
 from headrace.runtime.results import Pending, Result
+from headrace.store.base import Store
 from headrace.store.types import Outcome, PollAgain, Succeeded
 
 if TYPE_CHECKING:
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("headrace.worker")
 
+REMOTE = "remote"  # the record kind of a remote job's outcome, delivered by a webhook
 REMOTE_TIMEOUT = "remote_timeout"
 DEFAULT_POLL_EVERY = 1.0
 
@@ -37,16 +41,52 @@ def settled(failure: TaskFailure) -> bool:
     return isinstance(failure, RemoteFailed | Fatal | Cancelled)
 
 
-async def check(definition: TaskDefinition, ctx: Context, limit: float | None) -> Outcome:
-    """Ask the stage's poller about the task's remote job; past the job's timeout, cancel it
-    through the stage's hook. Raises what the poller or the hook raised."""
-    task = ctx.task
-    if definition.poller is None or task.remote_id is None:
-        raise ConfigError(f"task {task.kind}: awaits a remote job but has no poller")
-    poller = definition.poller
-    answer = await call(
-        poller, ctx, task.remote_id, is_async=inspect.iscoroutinefunction(poller), limit=limit
+@dataclass(frozen=True)
+class Delivery:
+    """How a provider said a remote job ended, in a webhook (`deliver`)."""
+
+    provider: str
+    succeeded: bool
+    result: Any
+
+
+def remote_key(remote_id: str) -> str:
+    """The record id of a remote job's delivery (a remote id may hold any character)."""
+    return hashlib.sha256(remote_id.encode()).hexdigest()
+
+
+async def deliver(
+    store: Store, provider: str, remote_id: str, *, succeeded: bool, result: Any = None
+) -> int:
+    """Keep how a remote job ended (the first word on it stands) and make the tasks waiting on
+    it due for a check now; return how many. Their check reads it (`Context.delivery`) instead
+    of asking the provider; a stage without a poller is resolved by it alone."""
+    await store.put_record(
+        REMOTE,
+        remote_key(remote_id),
+        scope=provider,
+        state="succeeded" if succeeded else "failed",
+        body={"provider": provider, "result": result},
     )
+    return await store.wake_remote(remote_id)
+
+
+async def delivery_of(store: Store, remote_id: str) -> Delivery | None:
+    found = await store.get_record(REMOTE, remote_key(remote_id))
+    if found is None:
+        return None
+    return Delivery(found.scope, found.state == "succeeded", found.body.get("result"))
+
+
+async def check(definition: TaskDefinition, ctx: Context, limit: float | None) -> Outcome:
+    """Ask about the task's remote job (its delivery, then the stage's poller, if it has one);
+    past the job's timeout, cancel it through the stage's hook. Raises what the poller or the
+    hook raised, or RemoteFailed for a delivery that says the job failed."""
+    task = ctx.task
+    if task.remote_id is None:
+        raise ConfigError(f"task {task.kind}: checked for a remote job it has not got")
+    ctx.delivery = await delivery_of(ctx.app.store, task.remote_id)
+    answer = await ask(definition, ctx, task.remote_id, limit)
     if isinstance(answer, Result):
         return Succeeded(cost=answer.cost, successors=tuple(ctx.successors))
     if not isinstance(answer, Pending):
@@ -59,6 +99,23 @@ async def check(definition: TaskDefinition, ctx: Context, limit: float | None) -
     if definition.canceller is None or not await cancelled(definition, ctx, limit):
         return PollAgain(every, code=REMOTE_TIMEOUT)  # unknown still: keep it, keep polling
     raise Cancelled("the remote job outlived its timeout and was cancelled", code=REMOTE_TIMEOUT)
+
+
+async def ask(
+    definition: TaskDefinition, ctx: Context, remote_id: str, limit: float | None
+) -> object:
+    """The poller's answer; without a poller, the delivery's (Pending until one comes)."""
+    poller = definition.poller
+    if poller is not None:
+        answer: object = await call(
+            poller, ctx, remote_id, is_async=inspect.iscoroutinefunction(poller), limit=limit
+        )
+        return answer
+    if ctx.delivery is None:
+        return Pending()
+    if ctx.delivery.succeeded:
+        return Result()
+    raise RemoteFailed(f"{ctx.delivery.provider} reported the remote job failed")
 
 
 class Cancelled(Transient):

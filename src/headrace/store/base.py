@@ -124,6 +124,12 @@ class Store(Protocol):
         re-enqueued. Each dead task is re-enqueued once, however many redrives race."""
         ...
 
+    async def wake_remote(self, remote_id: str) -> int:
+        """Make the waiting tasks whose remote job is `remote_id` due for a check now (a
+        webhook said how the job ended); return how many. A task whose check is running is
+        left to it."""
+        ...
+
     async def reap(self) -> int:
         """Make tasks whose lease expired ready again (or dead when spent); return how many."""
         ...

@@ -429,6 +429,18 @@ class MemoryStore(MemoryRecords):
         later = [t.run_at for t in waiting if t.run_at > now]
         return ClaimResult(tuple(leases), now, min(later, default=None))
 
+    async def wake_remote(self, remote_id: str) -> int:
+        now, woken = self.clock.now(), 0
+        for task_id in list(self._waiting):
+            task = self._tasks[task_id]
+            held = task.lease_until is not None and task.lease_until > now
+            if task.remote_id == remote_id and task.run_at > now and not held:
+                self._put(replace(task, run_at=now))
+                woken += 1
+        if woken:
+            self._woken.set()
+        return woken
+
     # -- lease holders
 
     async def renew(self, leases: Sequence[Lease], *, lease_for: float) -> list[Lease | None]:

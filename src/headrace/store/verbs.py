@@ -109,6 +109,9 @@ class TransactionVerbs:
         ids = None if task_ids is None else sorted(task_ids)
         return await self._write(lambda tx: tx.redrive(ids, group, kind))
 
+    async def wake_remote(self: Transacts, remote_id: str) -> int:
+        return await self._write(lambda tx: tx.wake_remote(remote_id))
+
     async def reap(self: Transacts) -> int:
         return await self._write(lambda tx: tx.reap())
 

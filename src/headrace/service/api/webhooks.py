@@ -10,7 +10,10 @@ optional `result`.
 
 A delivery is acknowledged (200) only once it is a record in the store (kind `delivery`,
 keyed by provider and event id): a provider that retries a delivery it saw no answer to gets
-200 again, `"duplicate": true`, and the delivery is kept and acted on once.
+200 again, `"duplicate": true`, and the delivery is kept and acted on once. A remote job's
+completion is kept as the job's outcome (`remote.deliver`) and the tasks waiting on it are
+checked at once: their poller reads it instead of asking the provider, and a stage without a
+poller is resolved by it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Path, Request
 from pydantic import BaseModel
 
+from headrace.runtime import remote
 from headrace.service.api.deps import ApiError, TheService
 from headrace.store.records import Audit
 
@@ -151,4 +155,10 @@ async def receive(
         },
         audit=Audit("webhook.received", provider),
     )
+    remote_id = found.get("remote_id")
+    if remote_id is not None:  # again for a duplicate: a crash may have come in between
+        succeeded = found["status"] == "succeeded"
+        await remote.deliver(
+            svc.store, provider, remote_id, succeeded=succeeded, result=found.get("result")
+        )
     return Acknowledged(id=found["id"], duplicate=not kept.applied)

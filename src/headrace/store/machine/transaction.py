@@ -47,6 +47,13 @@ class Transaction(Claiming, RecordSteps):
     """One verb's transaction: the statements it runs and the state machine's steps, as in
     `MemoryStore` and `SQLiteStore` (the conformance suite holds the three to one semantics)."""
 
+    # -- remote jobs
+
+    async def wake_remote(self, remote_id: str) -> int:
+        woken = await self.rows("wake_remote", remote_id=remote_id)
+        self.wake = self.wake or bool(woken)
+        return len(woken)
+
     # -- reading
 
     async def find(self, key: str) -> TaskRecord | None:

@@ -779,3 +779,11 @@ WHERE state = 'ready'
   AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
 ORDER BY since, id
 LIMIT %(limit)s::integer;
+
+-- name: wake_remote
+-- Waiting tasks on a remote job whose check is not running, due now (a webhook said how it ended).
+UPDATE tasks SET run_at = %(now)s::double precision
+WHERE state = 'waiting' AND remote_id = %(remote_id)s::text
+  AND run_at > %(now)s::double precision
+  AND (lease_until IS NULL OR lease_until <= %(now)s::double precision)
+RETURNING id;

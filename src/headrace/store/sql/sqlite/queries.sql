@@ -677,3 +677,10 @@ WHERE state = 'ready'
   AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
 ORDER BY since, id
 LIMIT :limit;
+
+-- name: wake_remote
+-- Waiting tasks on a remote job whose check is not running, due now (a webhook said how it ended).
+UPDATE tasks SET run_at = :now
+WHERE state = 'waiting' AND remote_id = :remote_id AND run_at > :now
+  AND (lease_until IS NULL OR lease_until <= :now)
+RETURNING id;
