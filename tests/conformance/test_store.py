@@ -1236,3 +1236,18 @@ async def test_a_delivered_remote_outcome_makes_its_waiting_task_due_now(store: 
     [polled] = (await store.claim_polls("w1", 10, lease_for=LEASE)).leases
     assert polled.task.ref == "a"
     assert await store.wake_remote("job-a") == 0  # its check is running: left to it
+
+
+async def test_attempts_are_counted_by_outcome(store: Store) -> None:
+    await store.submit([task("a"), task("b"), task("c")])
+    a, b, c = await claim(store, 3)
+    await store.finish(a, Succeeded())
+    await store.finish(b, Retry(AttemptError.of(ErrorClass.TRANSIENT, "http_503", "busy"), 1.0))
+    counts = await store.attempt_counts()
+    assert counts == {
+        AttemptOutcome.SUCCEEDED: 1,
+        AttemptOutcome.RETRY: 1,
+        AttemptOutcome.RUNNING: 1,
+    }
+    await store.finish(c, Dead(AttemptError.of(ErrorClass.FATAL, "bad", "no")))
+    assert (await store.attempt_counts())[AttemptOutcome.DEAD] == 1

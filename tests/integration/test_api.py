@@ -361,6 +361,10 @@ async def test_metrics_in_prometheus_text_for_an_admin(tmp_path: Path) -> None:
         assert 'headrace_stage_age_seconds_bucket{class="image"' in text
         assert 'headrace_tasks{state="ready"} 1.0' in text
         assert "headrace_remote_jobs_unresolved 0.0" in text
+        await h.drain()
+        after = (await h.client.get("/metrics", headers=h.auth("admin"))).text
+        assert 'headrace_attempts_total{outcome="succeeded"} 3.0' in after
+        assert 'headrace_attempts_total{outcome="retry"} 0.0' in after
         assert "# TYPE headrace_stage_oldest_age_seconds gauge" in text
 
 

@@ -14,6 +14,7 @@ from headrace.policy.gate import GateStatistics
 from headrace.store.records import Audit, AuditRow, Changed, Notice, OutboxRow, Record
 from headrace.store.types import (
     Attempt,
+    AttemptOutcome,
     ClaimResult,
     GroupReport,
     KindLimit,
@@ -164,6 +165,11 @@ class Store(Protocol):
     ) -> dict[str, list[float]]:
         """Per kind (of these kinds only when `kinds` is given), the ages of its ready tasks
         (as `stages` counts them), oldest first: at most `limit` in all, the oldest."""
+        ...
+
+    async def attempt_counts(self) -> dict[AttemptOutcome, int]:
+        """Attempts ever made, by outcome (a running one is `running`). It reads every attempt:
+        a scrape's cost grows with the history kept."""
         ...
 
     async def groups(self) -> list[str]: ...

@@ -875,6 +875,9 @@ class MemoryStore(MemoryRecords):
             ages.setdefault(kind, []).append(now - since)
         return ages
 
+    async def attempt_counts(self) -> dict[AttemptOutcome, int]:
+        return dict(Counter(a.outcome for history in self._attempts.values() for a in history))
+
     async def groups(self) -> list[str]:
         return sorted({t.group for t in self._tasks.values() if t.group is not None})
 

@@ -26,6 +26,7 @@ from headrace.store.records import (
 )
 from headrace.store.types import (
     Attempt,
+    AttemptOutcome,
     ClaimResult,
     GroupReport,
     Lease,
@@ -148,6 +149,9 @@ class TransactionVerbs:
         self: Transacts, *, kinds: Collection[str] | None = None, limit: int = 100_000
     ) -> dict[str, list[float]]:
         return await self._read(lambda tx: tx.ready_ages(kinds_list(kinds), limit))
+
+    async def attempt_counts(self: Transacts) -> dict[AttemptOutcome, int]:
+        return await self._read(lambda tx: tx.attempt_counts())
 
     async def groups(self: Transacts) -> list[str]:
         return await self._read(lambda tx: tx.groups())

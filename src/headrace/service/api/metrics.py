@@ -11,6 +11,7 @@ never an id, a token or anything a client sent.
 | `headrace_stage_oldest_age_seconds` | gauge | stage, class: the oldest ready task's age |
 | `headrace_stage_age_seconds` | gauge histogram | stage, class: ready tasks' ages |
 | `headrace_tasks` | gauge | state: every task by state (running, succeeded, dead, ...) |
+| `headrace_attempts_total` | counter | outcome: attempts ended (the failed ones: retry, dead) |
 | `headrace_remote_jobs_unresolved` | gauge | tasks waiting on a remote job |
 | `headrace_gate_granted_total` | counter | gate |
 | `headrace_gate_refused_total` | counter | gate, reason (token, cap) |
@@ -36,7 +37,7 @@ from prometheus_client.registry import Collector
 from headrace.policy import gate as gating
 from headrace.policy.gate import GateConfig, GateStatistics
 from headrace.runtime.app import App
-from headrace.store.types import StageStats, TaskState
+from headrace.store.types import AttemptOutcome, StageStats, TaskState
 
 AGE_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 STAGE_STATES = ("pending", "ready", "running", "waiting")
@@ -47,6 +48,7 @@ class Snapshot:
     stages: Sequence[StageStats]
     ages: Mapping[str, Sequence[float]]
     counts: Mapping[TaskState, int]
+    attempts: Mapping[AttemptOutcome, int]
     gates: Sequence[GateStatistics]
     classes: Mapping[str, str]
     configs: Mapping[str, GateConfig]
@@ -58,6 +60,7 @@ async def snapshot(app: App) -> Snapshot:
         stages=await store.stages(),
         ages=await store.ready_ages(),
         counts=await store.counts(),
+        attempts=await store.attempt_counts(),
         gates=await store.gate_statistics(),
         classes=app.cost_classes(),
         configs=dict(app.gates),
@@ -106,6 +109,15 @@ class StoreCollector(Collector):
         for state in TaskState:
             tasks.add_metric([state.value], self.taken.counts.get(state, 0))
         yield tasks
+        attempts = CounterMetricFamily(
+            "headrace_attempts",
+            "Attempts ended, by outcome (failed: retry and dead)",
+            labels=["outcome"],
+        )
+        for outcome in AttemptOutcome:
+            if outcome is not AttemptOutcome.RUNNING:
+                attempts.add_metric([outcome.value], self.taken.attempts.get(outcome, 0))
+        yield attempts
         yield GaugeMetricFamily(
             "headrace_remote_jobs_unresolved",
             "Tasks waiting on a remote job whose outcome is not known yet",

@@ -35,6 +35,7 @@ from headrace.store.rows import (
 )
 from headrace.store.types import (
     Attempt,
+    AttemptOutcome,
     Failure,
     GroupReport,
     StageStats,
@@ -83,6 +84,10 @@ class Transaction(Claiming, RecordSteps):
         for found in await self.rows("ready_since", kinds=kinds, limit=limit):
             ages.setdefault(found["kind"], []).append(self.now - float(found["since"]))
         return ages
+
+    async def attempt_counts(self) -> dict[AttemptOutcome, int]:
+        found = await self.rows("attempt_outcomes")
+        return {AttemptOutcome(row["outcome"]): int(row["n"]) for row in found}
 
     async def groups(self) -> list[str]:
         return sorted(str(found["grp"]) for found in await self.rows("group_names"))

@@ -787,3 +787,7 @@ WHERE state = 'waiting' AND remote_id = %(remote_id)s::text
   AND run_at > %(now)s::double precision
   AND (lease_until IS NULL OR lease_until <= %(now)s::double precision)
 RETURNING id;
+
+-- name: attempt_outcomes
+-- Attempts ever made, by outcome.
+SELECT outcome, count(*) AS n FROM attempts GROUP BY outcome;

@@ -684,3 +684,7 @@ UPDATE tasks SET run_at = :now
 WHERE state = 'waiting' AND remote_id = :remote_id AND run_at > :now
   AND (lease_until IS NULL OR lease_until <= :now)
 RETURNING id;
+
+-- name: attempt_outcomes
+-- Attempts ever made, by outcome.
+SELECT outcome, count(*) AS n FROM attempts GROUP BY outcome;
