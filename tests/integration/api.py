@@ -75,10 +75,12 @@ async def harness(
     *,
     admission: Admission | None = None,
     declare: Callable[[hr.App], object] | None = None,
+    url: str | None = None,
 ) -> AsyncIterator[Harness]:
-    """`declare`: more stages on the moderation app, before the service opens it."""
+    """`declare`: more stages on the moderation app, before the service opens it. `url`: the
+    store (an SQLite file in `tmp_path` unless given)."""
     moderation = make_moderation(
-        f"sqlite:///{tmp_path / 'api.db'}",
+        url or f"sqlite:///{tmp_path / 'api.db'}",
         str(tmp_path / "media"),
         admission=admission,
         limits=SMALL_LIMITS,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from headrace.service.api.webhooks import sign
 from headrace.store.types import TaskState
 
 from .api import WEBHOOK_SECRET, Harness, harness
+from .postgres import fresh_schema, reachable
 
 pytestmark = pytest.mark.anyio
 
@@ -61,9 +63,9 @@ async def test_an_upload_is_answered_202_queued_once_its_task_is_durable(tmp_pat
 
 
 async def test_a_retried_upload_with_its_idempotency_key_gets_the_first_answer(
-    tmp_path: Path,
+    tmp_path: Path, store_url: str
 ) -> None:
-    async with harness(tmp_path) as h:
+    async with harness(tmp_path, url=store_url) as h:
         photo = samples.jpeg(320, 240, shade=10)
         first = await h.upload(data=photo, key="k-1", caption="hi")
         again = await h.upload(data=photo, key="k-1", caption="hi")
@@ -258,8 +260,21 @@ async def test_a_quarantined_item_shows_why(tmp_path: Path) -> None:
         assert none.status_code == 404
 
 
-async def test_two_moderators_approving_at_once_converge_with_one_notice(tmp_path: Path) -> None:
-    async with harness(tmp_path) as h:
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The service's store: an SQLite file, or a PostgreSQL schema of its own."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'api.db'}"
+        return
+    reachable()
+    with fresh_schema("api") as url:
+        yield url
+
+
+async def test_two_moderators_approving_at_once_converge_with_one_notice(
+    tmp_path: Path, store_url: str
+) -> None:
+    async with harness(tmp_path, url=store_url) as h:
         media_id = await reviewable(h)
         answers = await asyncio.gather(
             *(
