@@ -38,6 +38,7 @@ from headrace.service.dlq import dead_letters, letters_table
 from headrace.service.dlq import show as show_task
 from headrace.service.failures import CommandGroup, WrongInput, use_store
 from headrace.service.moderation_demo import ModerationDemoOptions, run_moderation_demo
+from headrace.service.notify import OutboxRelay
 from headrace.service.serve import ServeOptions, webhook_secrets
 from headrace.service.serve import serve as serve_api
 from headrace.store.urls import upgrade_schema
@@ -397,6 +398,20 @@ async def _serve(runner: Worker, target: str) -> None:
 )
 @click.option("--secure-cookies", is_flag=True, help="Cookies only over HTTPS (behind TLS).")
 @click.option(
+    "--notify-url",
+    envvar="HEADRACE_NOTIFY_URL",
+    show_envvar=True,
+    metavar="URL",
+    help="Send the outbox's notifications (item.approved, item.rejected) there.",
+)
+@click.option(
+    "--notify-secret",
+    envvar="HEADRACE_NOTIFY_SECRET",
+    show_envvar=True,
+    metavar="SECRET",
+    help="The key notifications are signed with (16 characters or more).",
+)
+@click.option(
     "--per-event",
     default=Admission.per_event,
     show_default=True,
@@ -426,11 +441,18 @@ def serve(
     workers: int,
     webhook_secret: tuple[str, ...],
     secure_cookies: bool,
+    notify_url: str | None,
+    notify_secret: str | None,
     per_event: int,
     per_session: int,
     stage_bound: int,
 ) -> None:
     """Serve the HTTP API, the moderator page and /metrics (until SIGINT or SIGTERM)."""
+    relay = None
+    if notify_url is not None:
+        if not notify_secret:
+            raise WrongInput("--notify-url: give --notify-secret (or HEADRACE_NOTIFY_SECRET) too")
+        relay = OutboxRelay(notify_url, notify_secret)
     admission = Admission(per_event=per_event, per_session=per_session, stage_bound=stage_bound)
     url = store_url(db) if db else None
     moderation = make_moderation(url, str(media), clamd, admission=admission)
@@ -440,7 +462,7 @@ def serve(
     settings = ApiSettings(
         webhook_secrets=webhook_secrets(webhook_secret), secure_cookies=secure_cookies
     )
-    serve_api(moderation, ServeOptions(host, port, workers, settings))
+    serve_api(moderation, ServeOptions(host, port, workers, settings, relay))
 
 
 @main.group(cls=CommandGroup)

@@ -17,6 +17,7 @@ from headrace.runtime.worker import Worker
 from headrace.service import logs
 from headrace.service.api.app import create_api
 from headrace.service.api.deps import ApiSettings
+from headrace.service.notify import OutboxRelay
 from headrace.store.urls import hide_passwords
 
 log = logging.getLogger("headrace.serve")
@@ -29,6 +30,7 @@ class ServeOptions:
     port: int
     workers: int
     settings: ApiSettings
+    relay: OutboxRelay | None = None
 
 
 def webhook_secrets(given: Sequence[str]) -> dict[str, str]:
@@ -65,7 +67,7 @@ def bind(host: str, port: int) -> socket.socket:
 def serve(moderation: Moderation, options: ServeOptions) -> None:
     app = moderation.app
     workers = [Worker(app, name=f"serve-{n}", grace=GRACE) for n in range(options.workers)]
-    api = create_api(moderation, options.settings, workers=workers)
+    api = create_api(moderation, options.settings, workers=workers, relay=options.relay)
     sock = bind(options.host, options.port)
     config = uvicorn.Config(
         api,

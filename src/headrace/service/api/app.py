@@ -33,6 +33,7 @@ from headrace.runtime.worker import Worker
 from headrace.service.api import items, metrics, page, status, uploads, webhooks
 from headrace.service.api.auth import Role
 from headrace.service.api.deps import ApiError, ApiSettings, Caller, Service, TheService, require
+from headrace.service.notify import OutboxRelay
 
 log = logging.getLogger("headrace.http")
 
@@ -42,22 +43,30 @@ def create_api(
     settings: ApiSettings | None = None,
     *,
     workers: Sequence[Worker] = (),
+    relay: OutboxRelay | None = None,
 ) -> FastAPI:
     """The service over `moderation` (its app is opened with the service and closed after).
     `workers`: run in this process for the service's life, stopped gracefully (their running
-    handlers finish) before the store closes."""
+    handlers finish) before the store closes. `relay`: sends the outbox's notifications."""
     service = Service(moderation, settings or ApiSettings())
 
     @asynccontextmanager
     async def lifespan(api: FastAPI) -> AsyncIterator[None]:
         async with moderation.app:
             running = [asyncio.create_task(worker.run()) for worker in workers]
+            relaying = (
+                None if relay is None else asyncio.create_task(relay.run(moderation.app.store))
+            )
             try:
                 yield
             finally:
+                if relaying is not None:
+                    relaying.cancel()
                 for worker in workers:
                     worker.stop()
-                await asyncio.gather(*running, return_exceptions=True)
+                await asyncio.gather(
+                    *running, *([relaying] if relaying else []), return_exceptions=True
+                )
 
     api = FastAPI(
         title="headrace",
