@@ -483,3 +483,57 @@ async def test_a_webhook_of_an_unknown_provider_or_unsigned_is_refused(tmp_path:
             headers={"Webhook-Signature": sign(WEBHOOK_SECRET, raw, now)},
         )
         assert answer.status_code == 400
+
+
+# -- the moderator page (its browser test is tests/e2e/test_moderator_page.py)
+
+
+async def sign_in(h: Harness, who: str) -> str:
+    answer = await h.client.post("/login", data={"token": h.tokens[who]})
+    assert answer.status_code == 303 and answer.headers["location"] == "/moderate"
+    cookie = answer.cookies["headrace_login"]
+    assert "HttpOnly" in answer.headers["set-cookie"]
+    assert "SameSite=strict" in answer.headers["set-cookie"]
+    return cookie
+
+
+async def test_the_page_signs_in_once_and_keeps_to_its_events(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        media_id = await reviewable(h)
+        flagged = (await h.upload(data=samples.jpeg()[:300], caption="cut short")).json()
+        await h.drain()
+        assert (await h.client.get("/moderate")).headers["location"] == "/login"
+        wrong = await h.client.post("/login", data={"token": h.tokens["uploader"]})
+        assert wrong.status_code == 401 and "does not sign a moderator in" in wrong.text
+        cookie = await sign_in(h, "moderator")
+        h.client.cookies.set("headrace_login", cookie)
+        home = await h.client.get("/moderate")
+        assert home.headers["location"] == "/moderate/gala"  # its only event
+        page = await h.client.get("/moderate/gala")
+        assert page.status_code == 200 and f'id="item-{media_id}"' in page.text
+        assert "default-src 'self'" in page.headers["content-security-policy"]
+        assert f'id="flagged-{flagged["media_id"]}"' in page.text and "media.corrupt" in page.text
+        upto = re.search(r'data-upto="(\d+)"', page.text)
+        assert upto is not None
+        newer = await h.client.get("/moderate/gala/new", params={"upto": 0})
+        assert newer.json()["newer"] == 1
+        thumb = await h.client.get(f"/moderate/media/{media_id}")
+        assert thumb.headers["content-type"] == "image/webp"
+        assert (await h.client.get("/moderate/fair")).status_code == 404
+        stale = await h.client.post(
+            f"/moderate/gala/items/{media_id}",
+            data={"decision": "approve", "form_token": "0" * 64, "upto": upto[1]},
+        )
+        assert stale.status_code == 403
+        form = re.search(r'name="form_token" value="([0-9a-f]+)"', page.text)
+        assert form is not None
+        done = await h.client.post(
+            f"/moderate/gala/items/{media_id}",
+            data={"decision": "approve", "form_token": form[1], "upto": upto[1]},
+        )
+        assert done.status_code == 303 and "message=approved" in done.headers["location"]
+        out = await h.client.post("/logout")
+        assert out.headers["location"] == "/login"
+        h.client.cookies.set("headrace_login", cookie)
+        assert (await h.client.get("/moderate/gala")).headers["location"] == "/login"
+        h.client.cookies.clear()

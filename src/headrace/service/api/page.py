@@ -23,13 +23,15 @@ from headrace.policy.errors import ConfigError
 from headrace.service.api import auth
 from headrace.service.api.auth import Principal, Role
 from headrace.service.api.deps import LOGIN_COOKIE, ApiError, Service, TheService, deny
-from headrace.service.api.items import preview_file, view
+from headrace.service.api.items import ItemView, preview_file, view
 from headrace.service.api.uploads import Event
 
 router = APIRouter(include_in_schema=False)
 
 PAGE_SIZE = 100
 REVIEWABLE = ItemState.REVIEWABLE.value
+# Items the pipeline held back on its own, shown apart with why: never derived, never decided.
+FLAGGED = (ItemState.QUARANTINED.value, ItemState.REFUSED.value)
 _TEMPLATES = str(resources.files("headrace.service.api").joinpath("templates"))
 templates = Jinja2Templates(
     env=Environment(loader=FileSystemLoader(_TEMPLATES), autoescape=select_autoescape(default=True))
@@ -140,6 +142,10 @@ async def queue(
         upto = found[-1].seq if found else 0
     items = [view(Item.of(record)) for record in found if record.seq <= upto]
     newer, latest = await boundary(svc, event, upto)
+    flagged: list[ItemView] = []
+    for state in FLAGGED:
+        held = await svc.store.list_records(ITEM, scope=event, state=state, limit=PAGE_SIZE)
+        flagged.extend(view(Item.of(record)) for record in held)
     return render(
         request,
         "queue.html",
@@ -150,6 +156,7 @@ async def queue(
         upto=upto,
         newer=newer,
         latest=latest,
+        flagged=sorted(flagged, key=lambda item: item.seq),
         message=MESSAGES.get(message or ""),
     )
 
