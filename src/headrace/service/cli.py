@@ -72,6 +72,30 @@ def store_options(command: F) -> F:
     )(command)
 
 
+def admission_options(command: F) -> F:
+    """`--per-event`, `--per-session` and `--stage-bound`: the moderation pipeline's
+    `Admission`, as `demo moderation` and `serve` take it."""
+    for name, default, what in reversed(
+        (
+            ("--per-event", Admission.per_event, "Uploads one event may have waiting."),
+            ("--per-session", Admission.per_session, "Uploads one session may have waiting."),
+            (
+                "--stage-bound",
+                Admission.stage_bound,
+                "Tasks each scan and derive stage holds (10 per slot that runs it).",
+            ),
+        )
+    ):
+        command = click.option(
+            name,
+            default=default,
+            show_default=True,
+            type=click.IntRange(1, 10_000_000),
+            help=what,
+        )(command)
+    return command
+
+
 @click.group(cls=CommandGroup)
 @click.version_option(package_name="headrace", prog_name="headrace")
 @click.option(
@@ -172,27 +196,7 @@ def demo(
 )
 @click.option("--videos", default=Burst.videos, show_default=True, type=click.IntRange(0, 100))
 @click.option("--voice", default=Burst.voice_notes, show_default=True, type=click.IntRange(0, 100))
-@click.option(
-    "--per-session",
-    default=Admission.per_session,
-    show_default=True,
-    type=click.IntRange(1, 10_000),
-    help="Uploads one session may have waiting.",
-)
-@click.option(
-    "--per-event",
-    default=Admission.per_event,
-    show_default=True,
-    type=click.IntRange(1, 1_000_000),
-    help="Uploads the event may have waiting.",
-)
-@click.option(
-    "--stage-bound",
-    default=Admission.stage_bound,
-    show_default=True,
-    type=click.IntRange(1, 1_000_000),
-    help="Tasks each scan and derive stage holds.",
-)
+@admission_options
 @click.option(
     "--clamd",
     metavar="SOCKET|HOST:PORT",
@@ -411,27 +415,7 @@ async def _serve(runner: Worker, target: str) -> None:
     metavar="SECRET",
     help="The key notifications are signed with (16 characters or more).",
 )
-@click.option(
-    "--per-event",
-    default=Admission.per_event,
-    show_default=True,
-    type=click.IntRange(1, 10_000_000),
-    help="Uploads one event may have waiting; past it, 429.",
-)
-@click.option(
-    "--per-session",
-    default=Admission.per_session,
-    show_default=True,
-    type=click.IntRange(1, 1_000_000),
-    help="Uploads one contributor session may have waiting; past it, 429.",
-)
-@click.option(
-    "--stage-bound",
-    default=Admission.stage_bound,
-    show_default=True,
-    type=click.IntRange(1, 10_000_000),
-    help="Tasks each scan and derive stage holds (size it with the workers: 10 per slot).",
-)
+@admission_options
 def serve(
     db: str | None,
     media: Path,
