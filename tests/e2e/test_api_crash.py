@@ -152,6 +152,7 @@ def test_no_acknowledged_upload_or_webhook_is_lost_or_doubled_across_kill_9(
         kills = asyncio.run(drive(run, tmp_path, port))
     finally:
         stop(run.server)
+    print(f"{kills} kills, {run.retries} requests sent again, {len(run.acknowledged)} uploads")
     assert kills == KILLS and run.retries > 0
     assert len(run.acknowledged) == UPLOADS and len(run.delivered) == WEBHOOKS
 
