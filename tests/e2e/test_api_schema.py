@@ -47,6 +47,7 @@ def test_no_request_gets_a_server_error(server: Server, who: str, tmp_path: Path
             str(tmp_path),
             "--no-color",
         ],
+        cwd=tmp_path,  # its cache directory goes there, not into the checkout
         capture_output=True,
         text=True,
         timeout=600,
