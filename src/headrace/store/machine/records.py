@@ -22,11 +22,17 @@ from headrace.store.records import (
 )
 from headrace.store.rows import Row
 
+# Held from taking a seq to the commit, so that seqs commit in the order they are taken: a
+# reader that sees a record's seq has seen every smaller one that will ever be (a list past a
+# cursor never gains an item before it). SQLite's single writer gives this without a lock.
+SEQ_LOCK = "headrace.records.seq"
+
 
 class RecordSteps(Steps):
     async def put_record(
         self, kind: str, record_id: str, scope: str, state: str, body: str, audit: Audit | None
     ) -> Changed:
+        await self.run("advisory_lock", lock=SEQ_LOCK)
         made = await self.row(
             "insert_record", kind=kind, id=record_id, scope=scope, state=state, body=body
         )
@@ -55,6 +61,8 @@ class RecordSteps(Steps):
         record = record_of(found)
         decision = decide(record, state, body, when)
         if decision.applied:
+            if decision.moved:
+                await self.run("advisory_lock", lock=SEQ_LOCK)
             query = "move_record" if decision.moved else "rewrite_record"
             record = record_of(
                 await self.one(
