@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from .commands import APP, failure_line, headrace
+from .commands import APP, ROOT, failure_line, headrace
 
 # Every command that takes a store, with what it needs besides the store.
 STORE_COMMANDS = {
@@ -173,6 +173,22 @@ def test_a_bad_app_from_the_environment_is_named() -> None:
 def test_a_bad_cost_class_option_is_named(given: str, tmp_path: Path) -> None:
     line = failure_line(headrace("worker", APP, "--db", str(tmp_path / "s.db"), "--class", given))
     assert "--class" in line and repr(given) in line
+
+
+MEMORY_COMMANDS = {
+    "worker": ["worker", APP],
+    "serve": ["serve"],
+    "demo moderation": ["demo", "moderation"],
+}
+
+
+@pytest.mark.parametrize("command", MEMORY_COMMANDS)
+@pytest.mark.parametrize("given", ["lots", "0", "1.5XB", "-1GiB"])
+def test_a_bad_memory_budget_is_named(command: str, given: str, tmp_path: Path) -> None:
+    args = [*MEMORY_COMMANDS[command], "--memory", given]
+    line = failure_line(headrace(*args, cwd=tmp_path, env={"PYTHONPATH": str(ROOT)}))
+    assert line.startswith("Error: --memory: ") and repr(given) in line
+    assert not list(tmp_path.iterdir())  # refused before anything was opened or made
 
 
 def test_a_worker_without_slots_for_a_stage_class_is_named(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from headrace.store.types import (
     ClaimResult,
     KindLimit,
     Lease,
+    MemoryRoom,
     Outcome,
     TaskState,
 )
@@ -511,6 +512,7 @@ class CountedClaims(MemoryStore):
         alone: bool = True,
         finished: Sequence[tuple[Lease, Outcome]] = (),
         within: Sequence[KindLimit] = (),
+        memory: MemoryRoom | None = None,
     ) -> ClaimResult:
         self.with_claims += len(finished)
         return await super().claim(
@@ -521,6 +523,7 @@ class CountedClaims(MemoryStore):
             alone=alone,
             finished=finished,
             within=within,
+            memory=memory,
         )
 
     async def finish_many(self, outcomes: Sequence[tuple[Lease, Outcome]]) -> Any:

@@ -102,9 +102,12 @@ class TaskDefinition:
         delay: Duration = 0.0,
         weight: float = 1.0,
         gates: Sequence[str] = (),
+        memory: int = 0,
     ) -> NewTask:
         """The task this stage would create; `{flow}` and `{group}` in gate names are filled in.
-        Bad fields raise ConfigError naming them (see `NewTask`)."""
+        `memory`: the bytes its attempt may use at its peak, charged against the budget of the
+        worker that runs it (0: not charged). Bad fields raise ConfigError naming them (see
+        `NewTask`)."""
         check_text("group", group, optional=True)  # before flow defaults to it
         check_text("flow", flow, optional=True)
         _check_gate_list(gates)
@@ -124,6 +127,7 @@ class TaskDefinition:
             max_attempts=self.options.retry.max_attempts,
             delay=seconds(delay, field="task.delay"),
             weight=weight,
+            memory=memory,
         )
 
     def _gate_name(self, template: str, fields: dict[str, str]) -> str:

@@ -69,6 +69,7 @@ class Context:
         cost: float | None = None,
         weight: float = 1.0,
         continues: bool = False,
+        memory: int = 0,
     ) -> Sibling:
         """A successor task; returns a handle that later successors can name in `after`.
         Group, flow and tier default to this task's; the key defaults to one derived from this
@@ -77,7 +78,7 @@ class Context:
         to its next stage, so it takes its turn in its flow's lane for that stage
         (`fairness.lane`) instead of going to the back of its flow's line. If its stage has no
         room when this task ends, this task is deferred: it runs again later, its attempt not
-        counted."""
+        counted. `memory`: the bytes its attempt may use at its peak (`NewTask.memory`)."""
         target = self.app.definition(definition) if isinstance(definition, str) else definition
         spec = target.spec(
             ref,
@@ -87,6 +88,7 @@ class Context:
             key=key or f"{self.task.key or self.task.id}>{target.name}:{ref}",
             cost=cost,
             weight=weight,
+            memory=memory,
         )
         if continues:
             spec = replace(spec, continues=self.task.tag)

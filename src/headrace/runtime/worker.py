@@ -43,6 +43,7 @@ from headrace.runtime.calls import call
 from headrace.runtime.classes import ClassBudget
 from headrace.runtime.completions import Completions
 from headrace.runtime.context import Context
+from headrace.runtime.memory import DEFAULT_MEMORY, WorkerMemory, charged
 from headrace.runtime.results import RemoteWait, Result
 from headrace.store.dispatch import earliest
 from headrace.store.types import (
@@ -53,6 +54,7 @@ from headrace.store.types import (
     Dead,
     KindLimit,
     Lease,
+    MemoryRoom,
     Outcome,
     PollAgain,
     Retry,
@@ -83,12 +85,17 @@ class WorkerStats:
     leases_lost: int = 0
     peak_busy: int = 0
     borrowed: int = 0  # tasks claimed into slots another cost class left idle
+    memory_budget: int | None = None  # bytes its running tasks may be charged (None: no budget)
+    memory_charged: int = 0  # bytes its running tasks are charged now
+    peak_memory_charged: int = 0
     backoffs: deque[float] = field(default_factory=lambda: deque(maxlen=BACKOFFS_KEPT))
 
 
 class Worker:
     """`slots` handlers at once; `poll_slots` remote-job checks at once. Leases last `lease` and
-    are renewed every `renew` (default: a third of the lease), which must be shorter."""
+    are renewed every `renew` (default: a third of the lease), which must be shorter. `memory`:
+    the bytes the running tasks may be charged at once (`NewTask.memory`; runtime/memory.py),
+    an int or a size such as "768MiB"; None: no budget."""
 
     def __init__(
         self,
@@ -105,6 +112,7 @@ class Worker:
         seed: int | None = None,
         classes: Mapping[str, int] | None = None,
         borrow: bool = True,
+        memory: int | str | None = DEFAULT_MEMORY,
     ) -> None:
         if slots is not None and (isinstance(slots, bool) or slots < 1):
             raise ConfigError(f"worker.slots: expected a positive integer, got {slots!r}")
@@ -113,6 +121,7 @@ class Worker:
         self.classes = ClassBudget.for_stages(app.cost_classes(), classes)
         # Slots a class leaves idle run a class with more slots meanwhile (`ClassBudget.lendable`).
         self.borrow = borrow
+        self.memory = WorkerMemory(memory)
         self.slots = slots or self._default_slots()
         self.poll_slots = poll_slots or self.slots
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -124,7 +133,7 @@ class Worker:
             None if timeout is None else positive_seconds(timeout, field="worker.timeout")
         )
         self.rng = random.Random(seed)
-        self.stats = WorkerStats()
+        self.stats = WorkerStats(memory_budget=self.memory.budget)
         self._running: dict[int, asyncio.Task[None]] = {}
         self._polling: dict[int, asyncio.Task[None]] = {}
         self._recording: dict[int, asyncio.Task[None]] = {}  # outcomes being written, no slot
@@ -228,20 +237,24 @@ class Worker:
         if kinds and self._may_claim():
             free = self.slots - len(self._running)
             within = self.classes.limits(room) if self.classes else ()
-            claimed = await self._claim(completions, free, kinds, within, alone=not self._running)
+            memory = self.memory.room(self.stats.memory_charged)
+            claimed = await self._claim(
+                completions, free, kinds, within, alone=not self._running, memory=memory
+            )
             # Every free slot filled (or every free one of a class): more may be ready, to
             # claim as soon as a slot frees.
             self._more = len(claimed.leases) >= free or bool(
                 self.classes and self.classes.filled((x.task.kind for x in claimed.leases), room)
             )
             if self.classes and self.borrow and len(claimed.leases) < free:
-                claimed = await self._borrow(completions, free, claimed, room)
+                claimed = await self._borrow(completions, free, claimed, room, memory)
                 self._more = self._more or len(claimed.leases) >= free
             for lease in claimed.leases:
                 if lease.task.solo:  # it lost a lease beside others: it runs alone here
                     self._solo = lease.task_id
                 self._start(lease, self._running, self._execute)
             self.stats.claimed += len(claimed.leases)
+            self._charge()
             self.stats.peak_busy = max(self.stats.peak_busy, len(self._running))
         else:
             completions.kick()
@@ -260,6 +273,7 @@ class Worker:
         within: Sequence[KindLimit],
         *,
         alone: bool,
+        memory: MemoryRoom | None,
     ) -> ClaimResult:
         taken = completions.take()
         self._claiming = True
@@ -272,6 +286,7 @@ class Worker:
                 alone=alone,
                 finished=taken.outcomes,
                 within=within,
+                memory=memory,
             )
         except Exception as error:  # none of the outcomes was recorded: their writers retry
             taken.fail(error)
@@ -285,17 +300,24 @@ class Worker:
         return claimed
 
     async def _borrow(
-        self, completions: Completions, free: int, claimed: ClaimResult, room: Mapping[str, int]
+        self,
+        completions: Completions,
+        free: int,
+        claimed: ClaimResult,
+        room: Mapping[str, int],
+        memory: MemoryRoom | None,
     ) -> ClaimResult:
         """A second claim, for classes whose room was full, in the slots other classes left
-        idle (`ClassBudget.lendable`); `claimed` with its leases added."""
+        idle (`ClassBudget.lendable`), within the memory the first claim left (`memory` less
+        what it took); `claimed` with its leases added."""
         assert self.classes is not None
         lendable = self.classes.lendable((x.task.kind for x in claimed.leases), room)
         if not lendable:
             return claimed
         kinds = sorted({kind for limit in lendable for kind in limit.kinds})
         left = free - len(claimed.leases)
-        more = await self._claim(completions, left, kinds, lendable, alone=False)
+        memory = self.memory.after(memory, claimed.leases)
+        more = await self._claim(completions, left, kinds, lendable, alone=False, memory=memory)
         self.stats.borrowed += len(more.leases)
         return replace(
             claimed,
@@ -310,6 +332,12 @@ class Worker:
             return DEFAULT_SLOTS
         unclassed = any(kind not in self.classes.classes_of for kind in self.app.definitions)
         return self.classes.total + (DEFAULT_SLOTS if unclassed else 0)
+
+    def _charge(self) -> None:
+        """Count what the running tasks are charged: a task's charge ends with its slot."""
+        now = charged(self._leases[i] for i in self._running if i in self._leases)
+        self.stats.memory_charged = now
+        self.stats.peak_memory_charged = max(self.stats.peak_memory_charged, now)
 
     def _running_kinds(self) -> list[str]:
         return [self._leases[i].task.kind for i in self._running if i in self._leases]
@@ -376,6 +404,8 @@ class Worker:
             freed_now = registry.pop(lease.task_id, None) is not None
             recorded = self._recording.pop(lease.task_id, None) is not None
             self._leases.pop(lease.task_id, None)
+            if freed_now:
+                self._charge()
             if freed_now or (recorded and self._backlog):
                 self._wake.set()  # a slot, or room for more outcomes
 
@@ -440,7 +470,11 @@ class Worker:
         task = registry.pop(task_id, None)
         if task is not None:
             self._recording[task_id] = task
-            if self._more or registry is self._polling or task_id == self._solo:
+            freed = self.stats.memory_charged
+            self._charge()
+            # Memory freed may make room for a task the last claim passed over.
+            more_room = self.stats.memory_charged < freed
+            if self._more or registry is self._polling or task_id == self._solo or more_room:
                 self._wake.set()
 
     def _outcome(self, ctx: Context, returned: object) -> Outcome:

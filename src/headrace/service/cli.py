@@ -28,6 +28,7 @@ from headrace.pipelines.studio_scenario import Scenario
 from headrace.policy.durations import seconds
 from headrace.policy.errors import ConfigError
 from headrace.runtime.app import App
+from headrace.runtime.memory import DEFAULT_MEMORY, MIB, parse_size
 from headrace.runtime.worker import Worker
 from headrace.service import logs, status, tasks
 from headrace.service.api.auth import Role, create_token, revoke_token
@@ -94,6 +95,30 @@ def admission_options(command: F) -> F:
             help=what,
         )(command)
     return command
+
+
+def memory_option(command: F) -> F:
+    """`--memory`: what the tasks running in a worker may be charged at once (their `memory`),
+    as `worker`, `serve` and `demo moderation` take it."""
+    return click.option(
+        "--memory",
+        default=f"{DEFAULT_MEMORY // MIB}MiB",
+        show_default=True,
+        metavar="SIZE",
+        callback=_memory_budget,
+        help="Memory budget of each worker for its tasks' estimates, e.g. 768MiB, 1GiB, 800M "
+        "(powers of 1000), a number of bytes; 'off': none.",
+    )(command)
+
+
+def _memory_budget(ctx: click.Context, param: click.Parameter, value: str) -> int | None:
+    """The bytes `--memory` gives (None: off); a bad size fails in one line naming it."""
+    if value.strip().lower() == "off":
+        return None
+    try:
+        return parse_size(value, field="--memory")
+    except ConfigError as error:
+        raise WrongInput(str(error)) from None
 
 
 @click.group(cls=CommandGroup)
@@ -197,6 +222,7 @@ def demo(
 @click.option("--videos", default=Burst.videos, show_default=True, type=click.IntRange(0, 100))
 @click.option("--voice", default=Burst.voice_notes, show_default=True, type=click.IntRange(0, 100))
 @admission_options
+@memory_option
 @click.option(
     "--clamd",
     metavar="SOCKET|HOST:PORT",
@@ -225,6 +251,7 @@ def demo_moderation(
     per_session: int,
     per_event: int,
     stage_bound: int,
+    memory: int | None,
     clamd: str | None,
     chart: Path,
     json_path: Path | None,
@@ -255,7 +282,14 @@ def demo_moderation(
     )
     admission = Admission(per_event=per_event, per_session=per_session, stage_bound=stage_bound)
     options = ModerationDemoOptions(
-        burst, admission, scanner, chart, json_path, progress=not no_progress, fifo=not no_fifo
+        burst,
+        admission,
+        scanner,
+        chart,
+        json_path,
+        progress=not no_progress,
+        fifo=not no_fifo,
+        memory=memory,
     )
     reports = asyncio.run(run_moderation_demo(options, Console()))
     if reports["fair"].duplicate_derivatives:
@@ -289,6 +323,7 @@ def demo_moderation(
 @click.option("--grace", default="30s", show_default=True, help="Shutdown wait for handlers.")
 @click.option("--timeout", help="Time limit of an attempt whose stage sets none (default: none).")
 @click.option("--name", help="Worker name in leases and attempt history.")
+@memory_option
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -303,6 +338,7 @@ def worker(
     grace: str,
     timeout: str | None,
     name: str | None,
+    memory: int | None,
 ) -> None:
     """Run a worker for the app at MODULE:ATTR (or --app) until SIGINT or SIGTERM."""
     target = _one_target(ctx, target, app_target)
@@ -318,6 +354,7 @@ def worker(
         idle=_duration(idle, "--idle"),
         grace=_duration(grace, "--grace"),
         timeout=None if timeout is None else _duration(timeout, "--timeout"),
+        memory=memory,
     )
     asyncio.run(_serve(runner, target))
 
@@ -416,6 +453,7 @@ async def _serve(runner: Worker, target: str) -> None:
     help="The key notifications are signed with (16 characters or more).",
 )
 @admission_options
+@memory_option
 def serve(
     db: str | None,
     media: Path,
@@ -430,6 +468,7 @@ def serve(
     per_event: int,
     per_session: int,
     stage_bound: int,
+    memory: int | None,
 ) -> None:
     """Serve the HTTP API, the moderator page and /metrics (until SIGINT or SIGTERM)."""
     relay = None
@@ -446,7 +485,7 @@ def serve(
     settings = ApiSettings(
         webhook_secrets=webhook_secrets(webhook_secret), secure_cookies=secure_cookies
     )
-    serve_api(moderation, ServeOptions(host, port, workers, settings, relay))
+    serve_api(moderation, ServeOptions(host, port, workers, settings, relay, memory))
 
 
 @main.group(cls=CommandGroup)

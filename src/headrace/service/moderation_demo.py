@@ -23,6 +23,7 @@ from headrace.pipelines.moderation.pipeline import Admission, Moderation, Order,
 from headrace.pipelines.moderation.probe import MediaClass
 from headrace.pipelines.moderation.scan import BuiltinScanner, Scanner
 from headrace.runtime.classes import DEFAULT_CLASSES
+from headrace.runtime.memory import DEFAULT_MEMORY
 from headrace.store.types import StageStats, TaskState
 
 STAFF = Staff(weight=2.0, by="organiser", reason="official event video")
@@ -43,6 +44,7 @@ class ModerationDemoOptions:
     json_path: Path | None = None
     progress: bool = True
     fifo: bool = True
+    memory: int | None = DEFAULT_MEMORY  # each worker's memory budget (runtime/memory.py)
 
 
 async def run_moderation_demo(
@@ -121,6 +123,7 @@ async def _run_once(
                 slots=slots if order == "fifo" else None,
                 on_tick=tick,
                 staff=STAFF,
+                memory=options.memory,
             )
 
 

@@ -13,6 +13,7 @@ import uvicorn
 
 from headrace.pipelines.moderation.pipeline import Moderation
 from headrace.policy.errors import ConfigError
+from headrace.runtime.memory import DEFAULT_MEMORY
 from headrace.runtime.worker import Worker
 from headrace.service import logs
 from headrace.service.api.app import create_api
@@ -31,6 +32,7 @@ class ServeOptions:
     workers: int
     settings: ApiSettings
     relay: OutboxRelay | None = None
+    memory: int | None = DEFAULT_MEMORY  # each worker's memory budget (runtime/memory.py)
 
 
 def webhook_secrets(given: Sequence[str]) -> dict[str, str]:
@@ -66,7 +68,10 @@ def bind(host: str, port: int) -> socket.socket:
 
 def serve(moderation: Moderation, options: ServeOptions) -> None:
     app = moderation.app
-    workers = [Worker(app, name=f"serve-{n}", grace=GRACE) for n in range(options.workers)]
+    workers = [
+        Worker(app, name=f"serve-{n}", grace=GRACE, memory=options.memory)
+        for n in range(options.workers)
+    ]
     api = create_api(moderation, options.settings, workers=workers, relay=options.relay)
     sock = bind(options.host, options.port)
     config = uvicorn.Config(

@@ -19,6 +19,7 @@ from headrace.store.types import (
     GroupReport,
     KindLimit,
     Lease,
+    MemoryRoom,
     NewTask,
     Outcome,
     Settings,
@@ -66,6 +67,7 @@ class Store(Protocol):
         alone: bool = True,
         finished: Sequence[tuple[Lease, Outcome]] = (),
         within: Sequence[KindLimit] = (),
+        memory: MemoryRoom | None = None,
     ) -> ClaimResult:
         """Lease up to `limit` ready tasks in (tier, tag) order whose gates all admit them;
         a refusing gate skips only its task. A task that must run alone (`solo`) is leased only
@@ -78,7 +80,13 @@ class Store(Protocol):
         in `ClaimResult.finished`. An error that fails the whole claim records none of them.
 
         `within`: at most `limit` tasks of each `KindLimit`'s kinds (a worker's free slots of
-        one cost class): a task of a full group is passed over and stays ready, in its place."""
+        one cost class): a task of a full group is passed over and stays ready, in its place.
+
+        `memory`: the claiming worker's free memory (`MemoryRoom`; None: not counted). The
+        tasks leased charge their `memory` against it: a task that does not fit in what is left
+        is passed over and stays ready, in its place, and later ones that fit are taken; a task
+        larger than the room is leased only when the room says the worker runs nothing charged,
+        and then with nothing charged beside it."""
         ...
 
     async def claim_polls(

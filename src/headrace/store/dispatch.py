@@ -3,7 +3,8 @@
 A store opens its claim transaction, feeds candidates in `(tier, tag, id)` order to `GateBook`,
 and persists what the book changed. The book asks each candidate's gates; a refusing gate skips
 only that candidate (no head-of-line blocking), and a task is granted tickets on all of its gates
-or on none.
+or on none. `KindBudget` and `MemoryBudget` skip, the same way, a candidate the claiming worker
+has no slot of its class or no memory for.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Protocol
 
 from headrace.policy import gate as gating
 from headrace.policy.gate import GateConfig, GateState, Refusal
-from headrace.store.types import KindLimit
+from headrace.store.types import KindLimit, MemoryRoom
 
 
 @dataclass
@@ -108,3 +109,29 @@ class KindBudget:
         if kinds is None:
             return None
         return [kind for kind in kinds if self.fits(kind)]
+
+
+class MemoryBudget:
+    """What a claim may still charge of the claiming worker's memory (`MemoryRoom`; None: the
+    worker keeps no budget). A task that does not fit is skipped and stays ready in its place,
+    so a smaller one behind it may be taken; a task larger than the whole room is taken only
+    into a worker that runs nothing charged, and then nothing charged goes beside it."""
+
+    def __init__(self, room: MemoryRoom | None) -> None:
+        self._free = None if room is None else room.free
+        self._idle = room is None or room.idle
+
+    def fits(self, memory: int) -> bool:
+        return memory == 0 or self._idle or self._free is None or memory <= self._free
+
+    def take(self, memory: int) -> None:
+        if memory == 0:
+            return
+        self._idle = False
+        if self._free is not None:
+            self._free = max(0, self._free - memory)
+
+    def most(self) -> int | None:
+        """The most memory a task may have and still fit (None: any): a claim need not read
+        tasks larger than this, and it only ever shrinks during a claim."""
+        return None if self._idle or self._free is None else self._free

@@ -6,9 +6,12 @@ order, so two digests tell which field differs first without keeping the values 
 payload is what the task does and where it goes: `kind`, `ref`, `gates` (as a set), `flow`,
 `group`, the submitted `tier`, `cost`, `max_attempts`, `weight` and `after` (the task ids it
 waits on, as a set, siblings resolved). `delay` is left out: it counts from the moment of each
-submission, so a retried submit never matches it. A key submitted again with the same payload
-names the first task (`created=False`); with another payload it raises `KeyConflict`. A stored
-digest of another version (or none, for tasks stored before digests were kept) is not compared.
+submission, so a retried submit never matches it. `memory` is left out too: it is an estimate of
+what an attempt will use, not part of what the task does, and a retried submit may estimate it
+anew (another decoder, a better probe) for the same work; the task keeps its first estimate.
+A key submitted again with the same payload names the first task (`created=False`); with
+another payload it raises `KeyConflict`. A stored digest of another version (or none, for tasks
+stored before digests were kept) is not compared.
 """
 
 from __future__ import annotations

@@ -31,7 +31,14 @@ from headrace.policy.poison import Expiry
 from headrace.policy.tiers import AGING_CEILING, aged_tier
 from headrace.store import bounds as stage_bounds
 from headrace.store import idempotency
-from headrace.store.dispatch import GateBook, KindBudget, earliest, fits_claim, gate_key
+from headrace.store.dispatch import (
+    GateBook,
+    KindBudget,
+    MemoryBudget,
+    earliest,
+    fits_claim,
+    gate_key,
+)
 from headrace.store.memory_records import MemoryRecords
 from headrace.store.types import (
     ACTIVE,
@@ -51,6 +58,7 @@ from headrace.store.types import (
     GroupReport,
     KindLimit,
     Lease,
+    MemoryRoom,
     NewTask,
     Outcome,
     PollAgain,
@@ -199,6 +207,7 @@ class MemoryStore(MemoryRecords):
             created_at=now,
             run_at=now + task.delay,
             ready_since=None if unmet else now,
+            memory=task.memory,
         )
         self._put(record)
         if task.key:
@@ -280,6 +289,7 @@ class MemoryStore(MemoryRecords):
         alone: bool = True,
         finished: Sequence[tuple[Lease, Outcome]] = (),
         within: Sequence[KindLimit] = (),
+        memory: MemoryRoom | None = None,
     ) -> ClaimResult:
         results = tuple(await self.finish_many(finished)) if finished else ()
         self._woken.clear()  # this claim sees everything written before it
@@ -290,6 +300,7 @@ class MemoryStore(MemoryRecords):
         book = GateBook(self._configs, self._gate_state, now)
         held = self._backpressure()
         budget = KindBudget([*within, *held.values()])
+        charge = MemoryBudget(memory)
         held_back = stage_bounds.holding_back(held)
         leases: list[Lease] = []
         popped: list[tuple[tuple[str, str], tuple[int, float, int]]] = []
@@ -305,9 +316,12 @@ class MemoryStore(MemoryRecords):
                 break
             if not fits_claim(task, len(leases), alone) or not budget.fits(task.kind):
                 continue
+            if not charge.fits(task.memory):
+                continue
             if gate_key(task.gates) in book.refused_keys or not book.admit(task.gates):
                 continue
             budget.take(task.kind)
+            charge.take(task.memory)
             leases.append(self._lease(task, worker, now, lease_for))
             if task.kind in held_back:
                 self._woken.set()  # room downstream: claims backpressure held back may go on

@@ -59,6 +59,7 @@ def task_of(row: Row) -> TaskRecord:
         attempt_base=row["attempt_base"],
         solo=bool(row["solo"]),
         remote_jobs=row["remote_jobs"],
+        memory=row["memory"],
     )
 
 
@@ -75,6 +76,7 @@ class Candidate:
     lane: str  # its fair-queueing lane: its flow, or its flow at this stage (`fairness.lane`)
     gates: tuple[str, ...]
     solo: bool
+    memory: int  # bytes charged against the claiming worker's memory budget
 
 
 def candidate_of(row: Row) -> Candidate:
@@ -87,6 +89,7 @@ def candidate_of(row: Row) -> Candidate:
         lane=row["lane"],
         gates=tuple(_listed(row["gates"])),
         solo=bool(row["solo"]),
+        memory=row["memory"],
     )
 
 

@@ -61,7 +61,9 @@ class NewTask:
     ids or `Sibling`s, `max_attempts` a whole number >= 1, `cost` a finite number >= 0, `delay`
     seconds from 0 to `MAX_DELAY`, `weight` a finite number > 0. `continues`: the fair tag of
     the task whose item this one carries on (policy/fairness.py: it keeps that place in its
-    flow's line); a finite number >= 0 or None.
+    flow's line); a finite number >= 0 or None. `memory`: the bytes its attempt may use at its
+    peak (an estimate known before it runs), charged against the memory budget of the worker
+    that claims it (`MemoryRoom`); a whole number >= 0, 0 = not charged.
     """
 
     kind: str
@@ -77,6 +79,7 @@ class NewTask:
     delay: float = 0.0
     weight: float = 1.0
     continues: float | None = None
+    memory: int = 0
 
     def __post_init__(self) -> None:
         for name in ("kind", "ref", "flow"):
@@ -108,6 +111,7 @@ class NewTask:
         _check_amount("weight", self.weight, above_zero=True)
         if self.continues is not None:
             _check_amount("continues", self.continues)
+        check_bytes("task.memory", self.memory)
 
     @property
     def lane(self) -> str:
@@ -166,6 +170,12 @@ def _is_dependency(dep: object) -> bool:
     return isinstance(dep, int) and not isinstance(dep, bool) and dep >= 1
 
 
+def check_bytes(name: str, value: object) -> None:
+    """`value` is a whole number of bytes >= 0 (an int: a byte count is never fractional)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{name}: expected a whole number of bytes >= 0, got {value!r}")
+
+
 def _check_amount(name: str, value: object, *, above_zero: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"task.{name}: expected a number, got {value!r}")
@@ -214,6 +224,7 @@ class TaskRecord:
     attempt_base: int = 0
     solo: bool = False  # its lease expired beside others': it runs alone until it ends
     remote_jobs: int = 0  # remote jobs it submitted that ended without success
+    memory: int = 0  # bytes charged against its worker's memory budget (0: not charged)
 
     @property
     def attempts_used(self) -> int:
@@ -245,6 +256,21 @@ class KindLimit:
     def __post_init__(self) -> None:
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 0:
             raise ConfigError(f"claim limit: expected an integer >= 0, got {self.limit!r}")
+
+
+@dataclass(frozen=True)
+class MemoryRoom:
+    """A worker's memory budget as one claim may charge it: `free` bytes not charged to the
+    tasks it runs, and whether none of those is charged (`idle`). A task fits while its
+    `memory` fits in what is free; one larger than that fits only when `idle` and the claim has
+    charged nothing yet, and is then the only charged task the worker runs (a task larger than
+    the whole budget is never stuck). Tasks of memory 0 are not charged: they always fit."""
+
+    free: int
+    idle: bool = False
+
+    def __post_init__(self) -> None:
+        check_bytes("claim memory", self.free)
 
 
 @dataclass(frozen=True)

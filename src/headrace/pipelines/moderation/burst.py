@@ -29,6 +29,7 @@ import headrace as hr
 from headrace.pipelines.moderation.pipeline import Item, ItemState, Moderation, Staff
 from headrace.pipelines.moderation.probe import MediaClass
 from headrace.policy.errors import QueueFull
+from headrace.runtime.memory import DEFAULT_MEMORY
 from headrace.store.base import Store
 from headrace.store.types import AttemptOutcome, StageStats, TaskRecord, TaskState
 
@@ -116,10 +117,12 @@ async def run_burst(
     tick: float = 0.25,
     on_tick: Progress | None = None,
     staff: Staff | None = None,
+    memory: int | None = DEFAULT_MEMORY,
 ) -> BurstReport:
     """Replay `burst` (each role's bytes from `payloads`) through `moderation` with `workers`
     in-process workers until every item is settled; report what happened. `staff`: the grant
-    the first video's uploader gets (its weight and audit row), if any."""
+    the first video's uploader gets (its weight and audit row), if any. `memory`: each
+    worker's memory budget (runtime/memory.py)."""
     app = moderation.app
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -127,7 +130,7 @@ async def run_burst(
     samples: list[StageSample] = []
     done = asyncio.Event()
     crew = [
-        hr.Worker(app, slots=slots, classes=classes, name=f"burst-{n}", lease="60s")
+        hr.Worker(app, slots=slots, classes=classes, name=f"burst-{n}", lease="60s", memory=memory)
         for n in range(workers)
     ]
     running = [asyncio.create_task(worker.run()) for worker in crew]

@@ -13,7 +13,14 @@ from headrace.policy.errors import (
 )
 from headrace.policy.tiers import AGING_CEILING, Tier, aged_tier
 from headrace.store import bounds as stage_bounds
-from headrace.store.dispatch import GateBook, KindBudget, earliest, fits_claim, gate_key
+from headrace.store.dispatch import (
+    GateBook,
+    KindBudget,
+    MemoryBudget,
+    earliest,
+    fits_claim,
+    gate_key,
+)
 from headrace.store.machine.core import AGING_SLACK, CLAIM_BATCH, Pending
 from headrace.store.machine.outcomes import Outcomes
 from headrace.store.rows import (
@@ -25,6 +32,7 @@ from headrace.store.types import (
     ClaimResult,
     KindLimit,
     Lease,
+    MemoryRoom,
 )
 
 
@@ -61,14 +69,18 @@ class Claiming(Outcomes):
         alone: bool = True,
         durable: bool = True,
         within: Sequence[KindLimit] = (),
+        memory: MemoryRoom | None = None,
     ) -> Claimed:
         """The claim's time, counters and next run_at (`claim_start`) come back with the first
         batch's gates, in one round trip. Each batch's gates are locked before its tasks, so a
         task is only ever held by a claim that holds its gates: two claims never hand a gate's
         tickets out of (tier, tag) order. Not `durable`: the commit does not wait for the WAL
         flush. `within`: at most so many tasks of each group of kinds (a worker's cost
-        classes); a full group's kinds are left out of later batches."""
+        classes); a full group's kinds are left out of later batches. `memory`: what the tasks
+        taken may charge of the worker's memory (`MemoryBudget`); later batches leave out tasks
+        larger than what is left."""
         self._budget = KindBudget([*within, *await self.backpressure()])
+        self._memory = MemoryBudget(memory)
         clock = None if self._clock is None else self._clock.now()
         commit = "on" if durable else "off"
         self._gates_before_claim = len(self.gates.states) + len(self.gates.busy)
@@ -147,7 +159,13 @@ class Claiming(Outcomes):
                 if held:
                     yield held
                 return
-            batch = {"tier": after[0], "tag": after[1], "id": after[2], "kinds": open_kinds}
+            batch = {
+                "tier": after[0],
+                "tag": after[1],
+                "id": after[2],
+                "kinds": open_kinds,
+                "memory": self._memory.most(),
+            }
             peeked, last, tasks = await self.claim_batch(batch, sorted(excluded), size)
             if peeked < size:
                 if held or tasks:
@@ -226,18 +244,28 @@ class Claiming(Outcomes):
             key = gate_key(task.gates)
             if key in excluded or key in book.refused_keys:
                 continue
-            if not fits_claim(task, len(chosen), alone) or not self._budget.fits(task.kind):
+            if not self.fits(task, len(chosen), alone):
                 continue
             if self.gates.busy.intersection(task.gates):
                 excluded.add(key)  # another claim holds one of its gates: next claim
             elif book.admit(task.gates):
                 chosen.append(task)
                 self._budget.take(task.kind)
+                self._memory.take(task.memory)
                 self.dispatched(task)
                 if task.solo:
                     return True
         excluded.update(book.refused_keys)
         return len(chosen) >= limit
+
+    def fits(self, task: Candidate, chosen: int, alone: bool) -> bool:
+        """Whether the worker may take `task` beside the `chosen` ones: alone if it must be, a
+        slot of its class free, its memory within what is left."""
+        return (
+            fits_claim(task, chosen, alone)
+            and self._budget.fits(task.kind)
+            and self._memory.fits(task.memory)
+        )
 
     def last_served(self, name: str) -> int:
         """When a flow or a lane was last served: the dispatch count then, 0 if never."""

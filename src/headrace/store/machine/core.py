@@ -17,7 +17,7 @@ from headrace.policy.errors import (
 )
 from headrace.policy.gate import GateConfig, GateState
 from headrace.store import bounds as stage_bounds
-from headrace.store.dispatch import KindBudget
+from headrace.store.dispatch import KindBudget, MemoryBudget
 from headrace.store.rows import (
     Row,
     gate_params,
@@ -198,6 +198,7 @@ class Steps:
         self._finishes: dict[str, float] = {}  # flows' finish tags after tagging new tasks
         self._gates_before_claim = 0  # gates held or met busy when the claim began (outcomes')
         self._budget = KindBudget(())  # what a claim may still take of each group of kinds
+        self._memory = MemoryBudget(None)  # what a claim may still charge of a worker's memory
         self._held_back: frozenset[str] = frozenset()  # full stages that hold feeders back
 
     # -- statements

@@ -266,6 +266,7 @@ def task_row(task: NewTask) -> dict[str, Any]:
         "tier": int(task.tier),
         "cost": float(task.cost),
         "max_attempts": task.max_attempts,
+        "memory": task.memory,
     }
 
 

@@ -78,6 +78,7 @@ from headrace.store.types import (
     ClaimResult,
     KindLimit,
     Lease,
+    MemoryRoom,
     NewTask,
     Outcome,
     Settings,
@@ -271,6 +272,7 @@ class PostgresStore(TransactionVerbs, RecordVerbs):
         alone: bool = True,
         finished: Sequence[tuple[Lease, Outcome]] = (),
         within: Sequence[KindLimit] = (),
+        memory: MemoryRoom | None = None,
     ) -> ClaimResult:
         wanted, groups = kinds_list(kinds), tuple(within)
         # Outcomes with successors lock the successors' flows, and a claim locks gates after
@@ -294,7 +296,14 @@ class PostgresStore(TransactionVerbs, RecordVerbs):
             # claim then holds those gates already and waits only above them.
             results = await tx.finish_many(batch) if batch else []
             claimed = await tx.claim(
-                worker, limit, lease_for, wanted, alone=alone, durable=durable, within=groups
+                worker,
+                limit,
+                lease_for,
+                wanted,
+                alone=alone,
+                durable=durable,
+                within=groups,
+                memory=memory,
             )
             return results, claimed
 

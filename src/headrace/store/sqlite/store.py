@@ -47,7 +47,7 @@ from headrace.store.sqlite.connection import (
     translated,
 )
 from headrace.store.sqlite.wake import WakeChannel
-from headrace.store.types import ClaimResult, KindLimit, Lease, Outcome, Settings
+from headrace.store.types import ClaimResult, KindLimit, Lease, MemoryRoom, Outcome, Settings
 from headrace.store.verbs import RecordVerbs, TransactionVerbs, kinds_list
 
 T = TypeVar("T")
@@ -174,6 +174,7 @@ class SQLiteStore(TransactionVerbs, RecordVerbs):
         alone: bool = True,
         finished: Sequence[tuple[Lease, Outcome]] = (),
         within: Sequence[KindLimit] = (),
+        memory: MemoryRoom | None = None,
     ) -> ClaimResult:
         wanted, batch = kinds_list(kinds), tuple(finished)
         self._woken.clear()  # this claim sees everything written before it
@@ -183,7 +184,7 @@ class SQLiteStore(TransactionVerbs, RecordVerbs):
             if self._sweeps.due(tx.now):  # under the same write lock as the claim
                 self._sweeps.at = await tx.sweep()
             claimed = await tx.claim(
-                worker, limit, lease_for, wanted, alone=alone, within=tuple(within)
+                worker, limit, lease_for, wanted, alone=alone, within=tuple(within), memory=memory
             )
             return replace(await claimed.result(), finished=tuple(results))
 

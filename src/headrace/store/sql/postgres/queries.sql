@@ -124,17 +124,17 @@ WITH finished AS (
 )
 INSERT INTO tasks (
     id, kind, ref, gates, gate_key, flow, grp, tier, submitted_tier, cost, key, state,
-    max_attempts, tag, created_at, run_at, ready_since, unmet, payload_digest, lane
+    max_attempts, tag, created_at, run_at, ready_since, unmet, payload_digest, lane, memory
 )
 SELECT
     t.id, t.kind, t.ref, t.gates, t.gate_key, t.flow, t.grp, t.tier, t.tier, t.cost, t.key,
     t.state, t.max_attempts, t.tag, %(now)s::double precision, t.run_at, t.ready_since, t.unmet,
-    t.payload_digest, t.lane
+    t.payload_digest, t.lane, t.memory
 FROM jsonb_to_recordset(%(tasks)s::jsonb) AS t (
     id bigint, kind text, ref text, gates text[], gate_key text, flow text, grp text,
     tier smallint, cost double precision, key text, state text, max_attempts integer,
     tag double precision, run_at double precision, ready_since double precision, unmet integer,
-    payload_digest text, lane text
+    payload_digest text, lane text, memory bigint
 )
 ORDER BY t.key COLLATE "C", t.id;  -- keys taken in one order by every writer: no deadlock
 
@@ -216,7 +216,7 @@ WITH batch AS (
     SELECT * FROM jsonb_to_recordset(%(tasks)s::jsonb) AS t (
         i integer, kind text, ref text, gates text[], gate_key text, flow text, grp text,
         tier smallint, cost double precision, max_attempts integer, delay double precision,
-        service double precision
+        service double precision, memory bigint
     )
 ), locked AS (  -- in name order, as every writer locks flows; a flow not made yet is missing
     SELECT flow, finish_tag, clock_timestamp() AS locked_at FROM flows
@@ -248,10 +248,10 @@ WITH batch AS (
 ), created AS (
     INSERT INTO tasks (
         id, kind, ref, gates, gate_key, flow, grp, tier, submitted_tier, cost, state,
-        max_attempts, tag, created_at, run_at, ready_since
+        max_attempts, tag, created_at, run_at, ready_since, memory
     )
     SELECT id, kind, ref, gates, gate_key, flow, grp, tier, tier, cost, 'ready', max_attempts,
-           tag, now, now + delay, now
+           tag, now, now + delay, now, memory
     FROM tagged
     ORDER BY id
 )
@@ -345,6 +345,7 @@ WITH peek AS MATERIALIZED (  -- the batch's tasks, not locked: only their range 
       AND (t.tier, t.tag, t.id) > (%(tier)s::smallint, %(tag)s::double precision, %(id)s::bigint)
       AND t.run_at <= current_setting('headrace.now')::double precision  -- set by claim_start
       AND (%(kinds)s::text[] IS NULL OR t.kind = ANY(%(kinds)s::text[]))
+      AND (%(memory)s::bigint IS NULL OR t.memory <= %(memory)s::bigint)  -- the worker's room
       AND t.gate_key <> ALL(%(refused)s::text[])
     ORDER BY t.tier, t.tag, t.id
     LIMIT %(batch)s::integer
@@ -375,7 +376,8 @@ WITH peek AS MATERIALIZED (  -- the batch's tasks, not locked: only their range 
     ) AS last ON true
 ), chosen AS MATERIALIZED (  -- a task whose gates another claim holds is left to it
     SELECT t.id, t.kind, t.tier, t.tag, t.flow, coalesce(t.lane, t.flow) AS lane, t.gates,
-           t.solo, f.served AS flow_served, coalesce(l.served, f.served) AS lane_served
+           t.solo, t.memory, f.served AS flow_served,
+           coalesce(l.served, f.served) AS lane_served
     FROM tasks AS t JOIN flows AS f ON f.flow = t.flow
     LEFT JOIN flows AS l ON l.flow = t.lane
     WHERE t.state = 'ready'
@@ -386,6 +388,7 @@ WITH peek AS MATERIALIZED (  -- the batch's tasks, not locked: only their range 
       )
       AND t.run_at <= current_setting('headrace.now')::double precision
       AND (%(kinds)s::text[] IS NULL OR t.kind = ANY(%(kinds)s::text[]))
+      AND (%(memory)s::bigint IS NULL OR t.memory <= %(memory)s::bigint)  -- the worker's room
       AND t.gate_key <> ALL(%(refused)s::text[])
       AND t.gates <@ (SELECT allowed FROM edge)
     ORDER BY t.tier, t.tag, t.id
@@ -397,8 +400,8 @@ SELECT e.peeked, e.last_tier, e.last_tag, e.last_id,
        CASE WHEN row_number() OVER w = 1 THEN e.gate_rows END AS gate_rows,
        CASE WHEN row_number() OVER w = 1 THEN e.wanted END AS wanted,
        -- what a claim weighs a task by: its leased row comes back with its lease
-       c.id, c.kind, c.tier, c.tag, c.flow, c.lane, c.gates, c.solo, c.flow_served,
-       c.lane_served
+       c.id, c.kind, c.tier, c.tag, c.flow, c.lane, c.gates, c.solo, c.memory,
+       c.flow_served, c.lane_served
 FROM edge AS e LEFT JOIN chosen AS c ON true
 WINDOW w AS (ORDER BY c.tier, c.tag, c.id)
 ORDER BY c.tier, c.tag, c.id;

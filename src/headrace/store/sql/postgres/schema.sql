@@ -46,7 +46,8 @@ CREATE TABLE tasks (
     lost_at         double precision,  -- when
     payload_digest  text,  -- a keyed task's payload digest (store/idempotency.py), else NULL
     remote_jobs     integer          NOT NULL DEFAULT 0,  -- remote jobs it submitted that failed
-    lane            text  -- its fair-queueing lane when not its flow (an item's next stage)
+    lane            text,  -- its fair-queueing lane when not its flow (an item's next stage)
+    memory          bigint           NOT NULL DEFAULT 0  -- bytes charged against its worker's budget
 );
 
 CREATE UNIQUE INDEX tasks_key ON tasks (key) WHERE key IS NOT NULL;

@@ -428,7 +428,7 @@ FROM (
 WHERE flows.flow = f.flow;
 INSERT INTO tasks (
     id, kind, ref, gates, gate_key, flow, grp, tier, submitted_tier, cost, key, state,
-    max_attempts, tag, created_at, run_at, ready_since, unmet, payload_digest, lane
+    max_attempts, tag, created_at, run_at, ready_since, unmet, payload_digest, lane, memory
 )
 SELECT
     json_extract(t.value, '$.id'), json_extract(t.value, '$.kind'),
@@ -440,7 +440,7 @@ SELECT
     json_extract(t.value, '$.max_attempts'), json_extract(t.value, '$.tag'), :now,
     json_extract(t.value, '$.run_at'), json_extract(t.value, '$.ready_since'),
     json_extract(t.value, '$.unmet'), json_extract(t.value, '$.payload_digest'),
-    json_extract(t.value, '$.lane')
+    json_extract(t.value, '$.lane'), json_extract(t.value, '$.memory')
 FROM json_each(:tasks) AS t;
 
 -- name: insert_dependencies
@@ -458,11 +458,13 @@ SELECT :clock AS now,
 -- name: claim_batch
 -- One claim batch: due ready tasks after a (tier, tag, id) key with their flows' and lanes' turns, the batch's size and end, and its gates' states.
 WITH peek AS MATERIALIZED (
-    SELECT id, kind, tier, tag, flow, coalesce(lane, flow) AS lane, gates, solo FROM tasks
+    SELECT id, kind, tier, tag, flow, coalesce(lane, flow) AS lane, gates, solo, memory
+    FROM tasks
     WHERE state = 'ready'
       AND (tier, tag, id) > (:tier, :tag, :id)
       AND run_at <= :now
       AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
+      AND (:memory IS NULL OR memory <= :memory)  -- what the worker's memory left may take
       AND gate_key NOT IN (SELECT value FROM json_each(:refused))
     ORDER BY tier, tag, id
     LIMIT :batch
@@ -492,7 +494,7 @@ SELECT (SELECT count(*) FROM peek) AS peeked,
            SELECT json_group_array(name) FROM wanted
        ) END AS "wanted [headrace_json]",
        -- what a claim weighs a task by: its leased row comes back with its lease
-       p.id, p.kind, p.tier, p.tag, p.flow, p.lane, p.gates, p.solo,
+       p.id, p.kind, p.tier, p.tag, p.flow, p.lane, p.gates, p.solo, p.memory,
        f.served AS flow_served, coalesce(l.served, f.served) AS lane_served
 FROM (SELECT 1) AS one
 LEFT JOIN peek AS p ON true

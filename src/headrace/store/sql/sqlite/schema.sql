@@ -39,7 +39,8 @@ CREATE TABLE tasks (
     lost_at REAL,  -- when
     payload_digest  TEXT,  -- a keyed task's payload digest (store/idempotency.py), else NULL
     remote_jobs INTEGER NOT NULL DEFAULT 0,  -- remote jobs it submitted that failed
-    lane TEXT  -- its fair-queueing lane when not its flow (an item's next stage)
+    lane TEXT,  -- its fair-queueing lane when not its flow (an item's next stage)
+    memory INTEGER NOT NULL DEFAULT 0  -- bytes charged against its worker's memory budget
 );
 
 CREATE UNIQUE INDEX tasks_key ON tasks (key) WHERE key <> '';
