@@ -27,12 +27,15 @@ import contextlib
 import ctypes
 import multiprocessing
 import multiprocessing.connection
+import os
 import resource
 import signal
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.context import ForkServerContext
+from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from headrace.pipelines.moderation.probe import (
@@ -51,7 +54,8 @@ PRELOAD = [
     "headrace.pipelines.moderation.isolate",
 ]
 HEADER_MEMORY = 256 << 20  # what reading headers (and the trailing-data walk) may take
-THREAD_ROOM = 256 << 20  # decoder threads' stacks and malloc arenas: mapped, mostly untouched
+THREAD_ROOM = 160 << 20  # decoder threads' stacks and malloc arenas: mapped, mostly untouched
+OUT_OF_MEMORY = ("failed to allocate", "out of memory", "cannot allocate memory")
 M_ARENA_MAX = -8  # glibc's mallopt option number
 ARENAS = 2  # each arena reserves 64 MiB of address space: few, or the limit is spent on them
 
@@ -100,25 +104,29 @@ def run_isolated(
     way it may fail (see the module's docstring). `work` and `sizing` must be importable
     module functions (or `functools.partial`s of them): they cross to the child by name."""
     receiver, sender = _forkserver().Pipe(duplex=False)
-    child = _forkserver().Process(
-        target=_child, args=(sender, work, sizing, args, isolation.max_memory), daemon=True
-    )
-    child.start()
-    sender.close()
-    try:
-        return cast(T, _outcome(child, receiver, isolation.timeout))
-    finally:
-        receiver.close()
-        if child.is_alive():
-            child.kill()
-        child.join()
-        child.close()
+    with tempfile.NamedTemporaryFile(prefix="decode.", suffix=".err") as errors:
+        child = _forkserver().Process(
+            target=_child,
+            args=(sender, errors.name, work, sizing, args, isolation.max_memory),
+            daemon=True,
+        )
+        child.start()
+        sender.close()
+        try:
+            return cast(T, _outcome(child, receiver, isolation.timeout, Path(errors.name)))
+        finally:
+            receiver.close()
+            if child.is_alive():
+                child.kill()
+            child.join()
+            child.close()
 
 
 def _outcome(
     child: multiprocessing.process.BaseProcess,
     receiver: multiprocessing.connection.Connection,
     timeout: float,
+    errors: Path,
 ) -> object:
     if not receiver.poll(timeout):
         child.kill()
@@ -127,7 +135,7 @@ def _outcome(
         kind, value = receiver.recv()
     except EOFError:  # the child died before it answered
         child.join()
-        raise _death(child.exitcode) from None
+        raise _death(child.exitcode, errors) from None
     if kind == "refused":
         raise value
     if kind == "error":
@@ -135,7 +143,12 @@ def _outcome(
     return value
 
 
-def _death(exitcode: int | None) -> Refused:
+def _death(exitcode: int | None, errors: Path) -> Refused:
+    # GLib aborts the process when an allocation fails (libvips allocates through it): what
+    # it wrote on its way out tells running out of the limit from any other crash.
+    said = errors.read_bytes()[-4096:].decode("utf-8", "replace").lower()
+    if any(words in said for words in OUT_OF_MEMORY):
+        return Refused(TOO_COSTLY, "decoding it ran out of the memory allowed")
     if exitcode is not None and exitcode < 0:
         name = signal.Signals(-exitcode).name
         return Refused(DECODER_CRASHED, f"the decoder was killed by {name}")
@@ -144,12 +157,15 @@ def _death(exitcode: int | None) -> Refused:
 
 def _child(
     sender: multiprocessing.connection.Connection,
+    errors: str,
     work: Callable[..., object],
     sizing: Callable[[], Probed] | None,
     args: tuple[Any, ...],
     max_memory: int,
 ) -> None:
     _few_arenas()
+    with open(errors, "wb") as stream:  # the decoders' own words go to the parent's file
+        os.dup2(stream.fileno(), 2)
     try:
         _limit(HEADER_MEMORY)
         probed = sizing() if sizing is not None else None
