@@ -22,7 +22,7 @@ from headrace.pipelines.moderation.pipeline import (
     derive_stage,
     validate_stage,
 )
-from headrace.pipelines.moderation.probe import MediaClass
+from headrace.pipelines.moderation.probe import DECODER_BASE, MediaClass
 from headrace.pipelines.moderation.scan import EICAR_NAME, BuiltinScanner
 from headrace.policy import ConfigError
 from headrace.policy.errors import QueueFull
@@ -248,3 +248,82 @@ async def test_two_decisions_on_one_item_converge_and_both_are_audited(
         ("mod2", "unchanged: approved"),
     ]
     assert [(n.topic, n.record_id) for n in notices] == [("item.approved", item.media_id)]
+
+
+async def test_an_image_with_a_payload_appended_is_kept_whole_and_flagged(tmp_path: Path) -> None:
+    app = hr.App("memory://")
+    media = MediaStore(tmp_path / "media")
+    moderation = Moderation(app, media, BuiltinScanner())
+    uploads = {
+        "jpeg-html": samples.polyglot(samples.jpeg(gps=False)),
+        "jpeg-zip": samples.polyglot(samples.jpeg(gps=False), b"PK\x03\x04" + b"\x00" * 40),
+        "png-html": samples.polyglot(samples.png()),
+        "webp-html": samples.polyglot(samples.webp()),
+        "plain": samples.jpeg(gps=False),
+    }
+    async with app:
+        items = {}
+        for name, data in uploads.items():
+            items[name] = await moderation.accept_bytes(data, event="gala", session=name)
+            await moderation.submit(items[name])
+        await hr.Worker(app).drain()
+        for name, data in uploads.items():
+            item = await moderation.records.get(items[name].media_id)
+            assert item.state is ItemState.REVIEWABLE, name
+            assert item.flags == (() if name == "plain" else ("media.trailing_data",)), name
+            assert media.blob_path(item.digest).read_bytes() == data  # kept as received
+
+
+async def test_the_decode_memory_is_estimated_from_headers_at_accept(tmp_path: Path) -> None:
+    app = hr.App("memory://")
+    moderation = Moderation(app, MediaStore(tmp_path / "media"), BuiltinScanner())
+    async with app:
+        small = await moderation.accept_bytes(samples.jpeg(640, 480), event="gala", session="s")
+        tall = await moderation.accept_bytes(
+            samples.rgba_png(1000, 8000), event="gala", session="s"
+        )
+        noise = await moderation.accept_bytes(b"not media\n" * 9, event="gala", session="s")
+    assert small.memory is not None and tall.memory is not None
+    assert DECODER_BASE < small.memory < tall.memory
+    assert tall.memory - DECODER_BASE < 1000 * 8000 * 4 // 2  # its rows stream: not held whole
+    assert noise.memory is None  # its headers do not read: validation says why
+
+
+async def test_a_refused_original_is_deleted_and_one_another_item_needs_is_kept(
+    tmp_path: Path,
+) -> None:
+    app = hr.App("memory://")
+    media = MediaStore(tmp_path / "media")
+    moderation = Moderation(app, media, BuiltinScanner())
+    refused = samples.truncated_jpeg()
+    shared = samples.png_bomb(13_000)  # too large: refused by both of its uploads...
+    async with app:
+        alone = await moderation.accept_bytes(refused, event="gala", session="a")
+        first = await moderation.accept_bytes(shared, event="gala", session="b")
+        second = await moderation.accept_bytes(shared, event="gala", session="c")
+        await moderation.submit(alone)
+        await moderation.submit(first)
+        await hr.Worker(app).drain(fail_fast=False)
+        assert (await moderation.records.get(alone.media_id)).state is ItemState.REFUSED
+        assert not media.has_blob(alone.digest)
+        assert media.has_blob(second.digest)  # ...the second still waits for validation
+        await moderation.submit(second)
+        await hr.Worker(app).drain(fail_fast=False)
+        assert (await moderation.records.get(second.media_id)).reason == "media.too_large"
+        assert not media.has_blob(second.digest)  # no item needs it now
+    assert not [p for p in (media.root / "blobs").rglob("*") if p.is_file()]
+
+
+def test_a_blob_taken_for_deletion_is_put_back_or_yields_to_a_new_copy(tmp_path: Path) -> None:
+    media = MediaStore(tmp_path)
+    blob = media.put_bytes(b"shared bytes", limit=100)
+    taken = media.take_blob(blob.digest)
+    assert taken is not None and not media.has_blob(blob.digest)
+    media.settle_blob(blob.digest, taken, keep=True)  # a record named it meanwhile
+    assert media.blob_path(blob.digest).read_bytes() == b"shared bytes"
+    taken = media.take_blob(blob.digest)
+    assert taken is not None
+    media.put_bytes(b"shared bytes", limit=100)  # an upload of the same bytes, just then
+    media.settle_blob(blob.digest, taken, keep=False)
+    assert media.has_blob(blob.digest)  # the upload's own copy stands
+    assert media.take_blob("0" * 64) is None

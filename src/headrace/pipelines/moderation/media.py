@@ -130,6 +130,25 @@ class MediaStore:
     def has_blob(self, digest: str) -> bool:
         return self.blob_path(digest).is_file()
 
+    def take_blob(self, digest: str) -> Path | None:
+        """Move a blob out of its place, to be deleted or put back (`settle_blob`); None when
+        there is none. From here, an upload of the same bytes renames a copy of its own in."""
+        path = self.blob_path(digest)
+        taken = path.with_name(f".{digest}.{secrets.token_hex(8)}.taken")
+        try:
+            os.rename(path, taken)
+        except FileNotFoundError:
+            return None
+        return taken
+
+    def settle_blob(self, digest: str, taken: Path, *, keep: bool) -> None:
+        """Delete a taken blob, or (`keep`) put it back: unless an upload put the same bytes
+        in place meanwhile, which then stand."""
+        if keep:
+            with contextlib.suppress(FileExistsError):
+                os.link(taken, self.blob_path(digest))
+        taken.unlink(missing_ok=True)
+
     # -- media ids and derivatives
 
     @staticmethod

@@ -50,6 +50,9 @@ class ModelWork:
     def __init__(self, costs: Mapping[MediaClass, StageCosts] | None = None) -> None:
         self.costs = dict(costs or MEASURED)
 
+    async def estimate(self, original: Path) -> int | None:
+        return None  # modelled work holds no decoder
+
     async def probe(self, original: Path) -> Probed:
         media_class = await off_loop(sniff, original)
         if media_class is None:

@@ -23,22 +23,31 @@ its derivatives are. A moderator's decision commits with its audit row and the n
 (the outbox), in one transaction. Stage handlers are plain functions (CPU work runs off the event
 loop) and safe to run again: a record's keys are set, not added to, and derivatives are made
 once per (media id, stage version).
+
+Decoding (validation's full decode, the derivatives) runs in a child process per item with a
+memory limit and a timeout (`isolate`); the estimate of its memory (`Item.memory`, bytes) is
+read from headers when the upload is accepted. A validated image with bytes past its own end (a
+page or an archive appended: a polyglot) is kept as received and flagged `media.trailing_data`
+(`Item.flags`) for moderators. A refused item's original is deleted unless another item needs
+the same bytes (`Moderation._release_original`).
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import io
 import json
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, Protocol
+from typing import Any, BinaryIO, Literal, Protocol, TypeVar
 
 import headrace as hr
 from headrace.pipelines.moderation.derive import METADATA, derive
+from headrace.pipelines.moderation.isolate import DEFAULT_ISOLATION, Isolation, run_isolated
 from headrace.pipelines.moderation.media import (
     Blob,
     Derived,
@@ -52,16 +61,19 @@ from headrace.pipelines.moderation.probe import (
     MediaClass,
     Probed,
     Refused,
-    probe,
+    decode_fully,
+    inspect,
     sniff,
 )
 from headrace.pipelines.moderation.scan import Scanner, ScanUnavailable, Verdict
-from headrace.policy.errors import ConfigError, QueueFull
+from headrace.pipelines.moderation.trailing import TRAILING_DATA
+from headrace.policy.errors import ConfigError, HeadraceError, QueueFull
 from headrace.runtime.calls import off_loop
 from headrace.store.records import Audit, AuditRow, Notice, Record
 from headrace.store.types import TaskState
 
 DERIVE_VERSION = 1
+T = TypeVar("T")
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 MAX_STAFF_WEIGHT = 100.0
 
@@ -143,6 +155,8 @@ class Item:
     derived: str | None = None  # the derivatives' directory, relative to the media root
     metadata: Mapping[str, object] | None = None
     caption: str | None = None  # the contributor's words: shown to moderators, never logged
+    memory: int | None = None  # decoding's estimated peak bytes, from headers (None: unreadable)
+    flags: tuple[str, ...] = ()  # safe codes moderators see beside a reviewable item
     seq: int = 0  # the order of its last change of state (`store/records.py`)
 
     def body(self) -> dict[str, object]:
@@ -154,12 +168,14 @@ class Item:
 
     @classmethod
     def of(cls, record: Record) -> Item:
+        body = dict(record.body)
+        body["flags"] = tuple(body.get("flags") or ())  # a JSON list as kept
         return cls(
             media_id=record.id,
             event=record.scope,
             state=ItemState(record.state),
             seq=record.seq,
-            **record.body,
+            **body,
         )
 
 
@@ -169,6 +185,15 @@ class Reviewed:
 
     item: Item
     applied: bool
+
+
+class OriginalGone(HeadraceError):
+    """An upload's bytes were deleted as its record was written (an item of the same content
+    was refused at that moment, and nothing else needed them): send the upload again."""
+
+    def __init__(self, media_id: str) -> None:
+        super().__init__(f"media id {media_id}: the upload's bytes were not kept; send it again")
+        self.media_id = media_id
 
 
 class UploadConflict(ConfigError):
@@ -256,6 +281,7 @@ class Moderation:
         admission: Admission | None = None,
         order: Order = "fair",
         work: MediaWork | None = None,
+        isolation: Isolation | None = None,
     ) -> None:
         if order not in ("fair", "fifo"):
             raise ConfigError(f"moderation.order: expected 'fair' or 'fifo', got {order!r}")
@@ -266,7 +292,7 @@ class Moderation:
         if work is None:
             if scanner is None:
                 raise ConfigError("moderation: give a scanner (or the work the stages do)")
-            work = RealWork(scanner, self.limits)
+            work = RealWork(scanner, self.limits, isolation)
         self.work: MediaWork = work
         self.admission = admission or Admission()
         self.order = order
@@ -328,12 +354,18 @@ class Moderation:
             queued_as=queued_as.value,
             weight=1.0 if staff is None else float(staff.weight),
             caption=caption,
+            memory=await self.work.estimate(path),
         )
         audit = None
         if staff is not None:
             detail = {"weight": item.weight, "reason": staff.reason}
             audit = Audit("upload.weighted", staff.by, detail)
         kept, _ = await self.records.put(item, audit)
+        # A refused item of the same bytes may have deleted them between their keeping and
+        # this record: its deleter re-checks records after taking the file away, so from here
+        # on they stay, and if they are gone already the client sends them again.
+        if not await off_loop(self.media.has_blob, kept.digest):
+            raise OriginalGone(kept.media_id)
         return kept
 
     async def receive(
@@ -445,6 +477,7 @@ class Moderation:
                 found = await work.probe(self.media.blob_path(item.digest))
             except Refused as refused:
                 await records.write(media_id, state=ItemState.REFUSED, reason=refused.code)
+                await self._release_original(item)
                 raise hr.Fatal(refused.message, code=refused.code) from None
             # If scan has no room when this ends, the attempt is deferred: it runs again later
             # and writes the same record.
@@ -461,6 +494,7 @@ class Moderation:
                 media_class=found.media_class.value,
                 format=found.format,
                 metadata=found.as_dict(),
+                flags=[TRAILING_DATA] if found.trailing else [],
             )
 
         @app.task(name=scan_stage(media_class), max_attempts=5, **scan_options)
@@ -493,6 +527,23 @@ class Moderation:
                 metadata=json.loads(made.file(METADATA).read_text()),
             )
 
+    async def _release_original(self, item: Item) -> None:
+        """Delete a refused item's original unless another item that is not refused names the
+        same digest. Safe against an upload of the same bytes at that moment: the file is first
+        taken out of its place (renamed), then the records are read; an upload whose record was
+        written before that read is seen and the file is put back, and one whose record comes
+        after finds the file missing (`OriginalGone`) or, renamed in after the taking, its own
+        copy in place, which the deletion does not touch."""
+        taken = await off_loop(self.media.take_blob, item.digest)
+        if taken is None:
+            return
+        needed = any(
+            other.digest == item.digest and other.state is not ItemState.REFUSED
+            for other in await self.records.all()
+            if other.media_id != item.media_id
+        )
+        await off_loop(self.media.settle_blob, item.digest, taken, keep=needed)
+
     async def _derivatives(self, item: Item) -> Derived:
         """(media id, stage version)'s derivatives: made once, reused by every later attempt
         (a worker that died after making them, a racing second attempt)."""
@@ -510,7 +561,10 @@ class Moderation:
 
 class MediaWork(Protocol):
     """What the stages do to an item's original, awaited (CPU work off the event loop).
-    `derive` writes the derivatives into `into`, their metadata as `metadata.json` among them."""
+    `derive` writes the derivatives into `into`, their metadata as `metadata.json` among them.
+    `estimate`: decoding's peak memory in bytes, from headers only (None: they do not read)."""
+
+    async def estimate(self, original: Path) -> int | None: ...
 
     async def probe(self, original: Path) -> Probed: ...
 
@@ -520,20 +574,54 @@ class MediaWork(Protocol):
 
 
 class RealWork:
-    """The media code: Pillow and PyAV to probe and derive, a `Scanner` to scan."""
+    """The media code: libvips, Pillow and PyAV to probe and derive, each decode in a child
+    process under `isolation` (`isolate`); a `Scanner` to scan."""
 
-    def __init__(self, scanner: Scanner, limits: Mapping[MediaClass, Limits]) -> None:
+    def __init__(
+        self,
+        scanner: Scanner,
+        limits: Mapping[MediaClass, Limits],
+        isolation: Isolation | None = None,
+    ) -> None:
         self.scanner = scanner
         self.limits = dict(limits)
+        self.isolation = isolation or DEFAULT_ISOLATION
+
+    async def estimate(self, original: Path) -> int | None:
+        try:
+            found = await self._isolated(_headers, original)
+        except Refused:
+            return None  # validation will refuse it, with the reason
+        return found.memory
 
     async def probe(self, original: Path) -> Probed:
-        return await off_loop(probe, original, self.limits)
+        return await self._isolated(_validated, original)
 
     async def scan(self, original: Path) -> Verdict:
         return await off_loop(self.scanner.scan, original)
 
     async def derive(self, original: Path, into: Path) -> None:
-        await off_loop(lambda: derive(original, probe(original, self.limits), into))
+        await self._isolated(_derived, original, into)
+
+    async def _isolated(self, work: Callable[..., T], original: Path, *args: Any) -> T:
+        sizing = functools.partial(inspect, original, self.limits)
+        return await off_loop(run_isolated, work, sizing, original, *args, isolation=self.isolation)
+
+
+# What a decoding child runs, given what `inspect` read from the headers.
+
+
+def _headers(found: Probed, original: Path) -> Probed:
+    return found
+
+
+def _validated(found: Probed, original: Path) -> Probed:
+    decode_fully(original, found)
+    return found
+
+
+def _derived(found: Probed, original: Path, into: Path) -> None:
+    derive(original, found, into)
 
 
 def stage_options(
@@ -594,6 +682,7 @@ __all__ = [
     "MediaWork",
     "Moderation",
     "Order",
+    "OriginalGone",
     "Phase",
     "RealWork",
     "Records",

@@ -1,12 +1,26 @@
 """What a file is, from its content alone, and whether it is within its class's limits.
 
 Never the extension, never the type a client declared: Pillow identifies images by their
-signature, PyAV (FFmpeg) identifies audio and video by probing their streams. An image's size is
-checked from its header before a pixel is decoded, so a decompression bomb (a small file that
-decodes to gigabytes) is refused unopened; then the whole file is decoded, so a truncated or
-corrupt one is found here and not in a later stage. Every refusal is a `Refused` with a safe
-code (`media.corrupt`, `media.too_large`, `media.unsupported`) and a message that names no
-path and quotes no content.
+signature (it reads the header only, no pixel), PyAV (FFmpeg) identifies audio and video by
+probing their streams. An image's size is checked from its header before a pixel is decoded, so
+a decompression bomb (a small file that decodes to gigabytes) is refused unopened; then the whole
+file is decoded, so a truncated or corrupt one is found here and not in a later stage. Every
+refusal is a `Refused` with a safe code (`media.corrupt`, `media.too_large`,
+`media.unsupported`, and from the decoding child `media.too_costly`, `media.decode_timeout`,
+`media.decoder_crashed`) and a message that names no path and quotes no content.
+
+Images are decoded by libvips (pyvips), not Pillow. Pillow holds every pixel of an image at once,
+and each conversion (orientation, RGBA to RGB, a copy to shrink) makes another whole copy: a
+7071x7071 RGBA PNG took 880 MiB to validate and derive. libvips streams: with sequential access
+it decodes a PNG row by row and shrinks as the rows go by, and a JPEG is decoded at 1/2, 1/4 or
+1/8 scale inside libjpeg (shrink-on-load), so the same work peaks near 100 MiB (a 24 Mpx JPEG:
+450 MiB with Pillow, 50 MiB with libvips). Validation decodes a JPEG at 1/8 scale: libjpeg still
+reads every entropy-coded byte, so a truncated or corrupt file is still found. Pillow stays for
+identification: its header parsers name the format and size without decoding anything.
+
+`inspect` reads headers only, and says what decoding the item will cost (`Probed.memory`, bytes,
+as libvips and FFmpeg behave: see `estimate_memory`), so the cost is known before a pixel is
+decoded; `probe` is `inspect` and then the full decode.
 """
 
 from __future__ import annotations
@@ -18,11 +32,17 @@ from pathlib import Path
 
 import av
 import av.error
+import pyvips
 from PIL import Image, UnidentifiedImageError
+
+from headrace.pipelines.moderation.trailing import trailing_bytes
 
 CORRUPT = "media.corrupt"
 TOO_LARGE = "media.too_large"
 UNSUPPORTED = "media.unsupported"
+TOO_COSTLY = "media.too_costly"  # decoding it needs more memory than a decoder may have
+DECODE_TIMEOUT = "media.decode_timeout"  # decoding it ran past its time
+DECODER_CRASHED = "media.decoder_crashed"  # the decoder died on it (killed by a signal)
 
 
 class MediaClass(enum.Enum):
@@ -67,6 +87,17 @@ CONTAINERS = {  # FFmpeg's demuxer names
     "aac": "aac",
 }
 
+# What the decoders hold, for `estimate_memory`. Measured with libvips 8.18 and FFmpeg 7 (the
+# command is in docs/explanation.md): a fixed working set (codec tables, the WebP encoder, the
+# preview held once), plus the pixels as each decoder keeps them.
+DECODER_BASE = 32 << 20
+STREAMED_LINES = 3072  # rows libvips' sequential pipeline keeps while it shrinks a stream
+PREVIEW_TARGET = 1280  # derive's preview side: JPEG shrink-on-load stops at it
+SHRINKS = (8, 4, 2)  # the scales libjpeg decodes at, besides 1
+AUDIO_SECONDS_HELD = 2.0  # decoded audio in flight: FFmpeg's frames and the resampler's
+FRAMES_HELD = 20  # H.264's 16 reference frames, one per decoding thread, the frame out
+VIDEO_BASE = 64 << 20  # the preview's x264 encoder and its lookahead
+
 
 class Refused(Exception):
     """A file the pipeline does not take: `code` is safe to show and to log."""
@@ -76,10 +107,14 @@ class Refused(Exception):
         self.code = code
         self.message = message
 
+    def __reduce__(self) -> tuple[type[Refused], tuple[str, str]]:
+        return Refused, (self.code, self.message)  # crosses from a decoding child whole
+
 
 @dataclass(frozen=True)
 class Probed:
-    """What a file turned out to be."""
+    """What a file turned out to be. `memory`: the bytes decoding it is estimated to peak at;
+    `trailing`: bytes past the end of an image's own data (a payload appended to it)."""
 
     media_class: MediaClass
     format: str  # jpeg, png, webp, gif, mp4, webm, wav, mp3, ogg, flac, aac
@@ -88,6 +123,8 @@ class Probed:
     height: int = 0
     seconds: float = 0.0
     codecs: tuple[str, ...] = field(default=())
+    memory: int = 0
+    trailing: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -98,27 +135,52 @@ class Probed:
             "height": self.height,
             "seconds": round(self.seconds, 3),
             "codecs": list(self.codecs),
+            "trailing": self.trailing,
         }
 
 
 def probe(path: Path, limits: dict[MediaClass, Limits] | None = None) -> Probed:
     """Identify `path` from its content and check it against its class's limits; Refused when
     it is not media this pipeline takes, too large, or does not decode to its end."""
+    found = inspect(path, limits)
+    decode_fully(path, found)
+    return found
+
+
+def inspect(path: Path, limits: dict[MediaClass, Limits] | None = None) -> Probed:
+    """`probe` from headers only, no pixel or sample decoded: what the file is, within its
+    limits, and what decoding it will cost (`memory`). Refused as `probe` is, for what its
+    headers show."""
     limits = limits or DEFAULT_LIMITS
     size = path.stat().st_size
     if size == 0:
         raise Refused(CORRUPT, "the file is empty")
-    image = _probe_image(path, size, limits[MediaClass.IMAGE])
+    image = _inspect_image(path, size, limits[MediaClass.IMAGE])
     if image is not None:
         return image
-    return _probe_stream(path, size, limits)
+    return _inspect_stream(path, size, limits)
 
 
-def _probe_image(path: Path, size: int, limits: Limits) -> Probed | None:
+def decode_fully(path: Path, found: Probed) -> None:
+    """Decode every pixel or sample of `path` (as `inspect` found it); Refused when it does not
+    decode to its end."""
+    if found.media_class is MediaClass.IMAGE:
+        _decode_image(path, found)
+        return
+    with av.open(str(path), "r") as container:
+        decoded = _decode_all(container, found.media_class)
+    what = found.media_class.value
+    if decoded <= 0:
+        raise Refused(CORRUPT, f"no {what} decodes from the file")
+    if found.seconds > 0 and decoded < found.seconds * COMPLETE - SLACK:
+        raise Refused(CORRUPT, f"the {what} ends after {decoded:.1f} of {found.seconds:.1f} s")
+
+
+def _inspect_image(path: Path, size: int, limits: Limits) -> Probed | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as image:
+            with Image.open(path) as image:  # the header only
                 kind = IMAGE_FORMATS.get(image.format or "")
                 if kind is None:
                     raise Refused(UNSUPPORTED, f"{image.format} images are not taken")
@@ -126,17 +188,77 @@ def _probe_image(path: Path, size: int, limits: Limits) -> Probed | None:
                 _check_pixels(width, height, limits, "image")
                 if size > limits.max_bytes:
                     raise Refused(TOO_LARGE, f"{size} bytes, more than {limits.max_bytes}")
-                image.load()  # every pixel decoded: a truncated file fails here
+                bands = len(image.getbands()) if image.mode != "P" else 4
+                streamed = kind == "jpeg" or (kind == "png" and not image.info.get("interlace"))
     except UnidentifiedImageError:
         return None  # not an image Pillow knows: perhaps audio or video
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
         raise Refused(TOO_LARGE, "the image decodes to too many pixels") from error
     except (OSError, SyntaxError, ValueError) as error:
         raise Refused(CORRUPT, "the image does not decode to its end") from error
-    return Probed(MediaClass.IMAGE, kind, size, width, height)
+    depth = _png_depth(path) if kind == "png" else 1
+    memory = image_memory(kind, width, height, bands * depth, streamed=streamed)
+    trailing = trailing_bytes(path, kind)
+    return Probed(MediaClass.IMAGE, kind, size, width, height, memory=memory, trailing=trailing)
 
 
-def _probe_stream(path: Path, size: int, limits: dict[MediaClass, Limits]) -> Probed:
+def _png_depth(path: Path) -> int:
+    """Bytes per sample of a PNG (16-bit PNGs decode to two), from its header."""
+    with path.open("rb") as handle:
+        header = handle.read(25)
+    return 2 if len(header) == 25 and header[24] == 16 else 1
+
+
+def image_memory(kind: str, width: int, height: int, sample_bytes: int, *, streamed: bool) -> int:
+    """Bytes libvips holds to validate and derive an image: a JPEG decoded at the smallest
+    scale that still covers the preview, streamed; a non-interlaced PNG streamed a strip of
+    rows at a time; everything else (interlaced PNG, GIF, WebP) decoded whole."""
+    if kind == "jpeg":
+        shrink = next((s for s in SHRINKS if max(width, height) // s >= PREVIEW_TARGET), 1)
+        width, height = -(-width // shrink), -(-height // shrink)
+    rows = min(height, STREAMED_LINES) if streamed else height
+    return DECODER_BASE + width * rows * sample_bytes
+
+
+def stream_memory(
+    *, rate: int, channels: int, width: int = 0, height: int = 0, video: bool = False
+) -> int:
+    """Bytes FFmpeg holds to validate and derive audio (a couple of seconds of float samples in
+    flight: the waveform is computed as they stream) or video (its reference and threads'
+    frames, the poster in RGB, the preview's encoder)."""
+    audio = int(rate * max(1, channels) * 4 * AUDIO_SECONDS_HELD)
+    if not video:
+        return DECODER_BASE + audio
+    frame = width * height * 3 // 2  # YUV 4:2:0
+    return DECODER_BASE + VIDEO_BASE + audio + frame * FRAMES_HELD + width * height * 3
+
+
+def estimate_memory(path: Path, limits: dict[MediaClass, Limits] | None = None) -> int:
+    """The peak bytes decoding `path` (to validate it and to derive from it) is estimated to
+    take, from its headers only; Refused as `inspect` is."""
+    return inspect(path, limits).memory
+
+
+def _decode_image(path: Path, found: Probed) -> None:
+    # JPEG at 1/8 scale: libjpeg still reads every coefficient, so a cut file still fails.
+    options: dict[str, object] = {"shrink": 8} if found.format == "jpeg" else {}
+    try:
+        image = pyvips.Image.new_from_file(
+            str(path), access="sequential", fail_on="truncated", **options
+        )
+        image.avg()  # pulls every row through the decoder, holding a strip at a time
+    except pyvips.Error as error:
+        raise decoder_refusal(error, "the image does not decode to its end") from error
+
+
+def decoder_refusal(error: pyvips.Error, message: str) -> Refused:
+    """A libvips error as a refusal: out of memory (the child's limit) is too costly."""
+    if "memory" in str(error).lower():
+        return Refused(TOO_COSTLY, "decoding the image needs more memory than allowed")
+    return Refused(CORRUPT, message)
+
+
+def _inspect_stream(path: Path, size: int, limits: dict[MediaClass, Limits]) -> Probed:
     try:
         container = av.open(str(path), "r")
     except (av.error.FFmpegError, OSError, UnicodeDecodeError) as error:
@@ -165,14 +287,12 @@ def _probe_stream(path: Path, size: int, limits: dict[MediaClass, Limits]) -> Pr
                 TOO_LARGE, f"{seconds:.0f} s long, more than {class_limits.max_seconds:.0f}"
             )
         codecs = tuple(s.codec_context.name for s in (video, audio) if s is not None)
-        decoded = _decode_all(container, media_class)
-    if decoded <= 0:
-        raise Refused(CORRUPT, f"no {media_class.value} decodes from the file")
-    if seconds > 0 and decoded < seconds * COMPLETE - SLACK:
-        raise Refused(
-            CORRUPT, f"the {media_class.value} ends after {decoded:.1f} of {seconds:.1f} s"
-        )
-    return Probed(media_class, kind, size, width, height, seconds, codecs)
+        rate = audio.codec_context.sample_rate if audio is not None else 0
+        channels = audio.codec_context.channels if audio is not None else 0
+    memory = stream_memory(
+        rate=rate, channels=channels, width=width, height=height, video=video is not None
+    )
+    return Probed(media_class, kind, size, width, height, seconds, codecs, memory=memory)
 
 
 def _check_pixels(width: int, height: int, limits: Limits, what: str) -> None:

@@ -199,3 +199,31 @@ def _write_tone(
 def _chunk(kind: bytes, data: bytes) -> bytes:
     crc = zlib.crc32(kind + data) & 0xFFFFFFFF
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+
+def rgba_png(width: int, height: int) -> bytes:
+    """A PNG with an alpha channel, written row by row (never held whole): a large one is a
+    few hundred kilobytes that decode to width x height x 4 bytes."""
+    compressor = zlib.compressobj(6)
+    ramp = bytes((x * 255) // max(1, width - 1) for x in range(width))
+    chunks = []
+    for y in range(height):
+        row = bytearray(1 + width * 4)  # filter byte 0, then RGBA
+        row[1::4], row[3::4] = ramp, ramp[::-1]
+        row[2::4] = bytes([(y * 255) // max(1, height - 1)]) * width
+        row[4::4] = bytes([(y // 50) * 37 % 256]) * width
+        chunks.append(compressor.compress(bytes(row)))
+    data = b"".join(chunks) + compressor.flush()
+    header = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _chunk(b"IHDR", header)
+        + _chunk(b"IDAT", data)
+        + _chunk(b"IEND", b"")
+    )
+
+
+def polyglot(image: bytes, payload: bytes = b"") -> bytes:
+    """An image with something else appended (an HTML page by default): a file that an image
+    decoder takes whole and a browser or an unzip tool reads as the payload."""
+    return image + (payload or b"<!doctype html><script>alert(document.cookie)</script>\n")

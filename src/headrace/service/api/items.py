@@ -41,6 +41,7 @@ class ItemView(BaseModel):
     media_type: str | None
     format: str | None
     reason: str | None  # why it was flagged or refused: a safe code, or what the scan found
+    flags: list[str]  # safe codes to look at beside a reviewable item (`media.trailing_data`)
     caption: str | None
     size: int
     seq: int
@@ -79,6 +80,7 @@ def view(item: Item) -> ItemView:
         media_type=item.media_class or item.queued_as,
         format=item.format,
         reason=item.reason,
+        flags=list(item.flags),
         caption=item.caption,
         size=item.size,
         seq=item.seq,

@@ -1,0 +1,212 @@
+"""Decoding where a hostile file cannot take the worker down: each decode runs in a child
+process of its own, with an address-space limit and a wall-clock timeout.
+
+A child is forked from a forkserver that has the media modules (PyAV, libvips, Pillow) loaded
+already, so it starts in milliseconds, not an interpreter start per item, and shares none of the
+worker's memory. It first reads the file's headers under a small limit (`HEADER_MEMORY`), which
+gives the estimate of what decoding will cost (`Probed.memory`); past the most a child may use
+it stops there. Otherwise it lowers its limit to what it measures it has mapped, plus twice the
+estimate, plus room for decoder threads' stacks and allocator arenas, then decodes. When it
+ends, its memory goes back to the system with it: the worker never holds a decoded pixel.
+
+How a child ends is a named refusal, never an exception the worker dies of:
+`media.too_costly` (the estimate is past `Isolation.max_memory`, or the decoder ran out of the
+memory the child had), `media.decode_timeout` (it ran past its timeout, and was killed),
+`media.decoder_crashed` (a decoder bug killed it with a signal).
+
+multiprocessing, not pebble: pebble's pools reuse their workers, so one decode's heap
+fragmentation and its memory limit would carry into the next item, and its one-process-per-call
+decorator forks the caller (here a worker with threads and a large heap). One fresh child per
+decode from a preloaded forkserver, a pipe, `poll(timeout)` and `kill` are a few lines of the
+standard library, and `setrlimit` runs in the child before the decoder does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing
+import multiprocessing.connection
+import os
+import resource
+import signal
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.context import ForkServerContext
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+from headrace.pipelines.moderation.probe import (
+    DECODE_TIMEOUT,
+    DECODER_CRASHED,
+    TOO_COSTLY,
+    Probed,
+    Refused,
+)
+from headrace.policy.errors import ConfigError
+
+T = TypeVar("T")
+PRELOAD = [
+    "headrace.pipelines.moderation.probe",
+    "headrace.pipelines.moderation.derive",
+    "headrace.pipelines.moderation.isolate",
+]
+HEADER_MEMORY = 256 << 20  # what reading headers (and the trailing-data walk) may take
+THREAD_ROOM = 160 << 20  # decoder threads' stacks and malloc arenas: mapped, mostly untouched
+OUT_OF_MEMORY = ("failed to allocate", "out of memory", "cannot allocate memory")
+M_ARENA_MAX = -8  # glibc's mallopt option number
+ARENAS = 2  # each arena reserves 64 MiB of address space: few, or the limit is spent on them
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What a decoding child may use: `max_memory` bytes of estimated decode memory (past it
+    an item is `media.too_costly` unopened), `timeout` seconds of wall-clock time."""
+
+    max_memory: int = 1 << 30
+    timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_memory, bool) or not isinstance(self.max_memory, int):
+            raise ConfigError(f"isolation.max_memory: expected bytes, got {self.max_memory!r}")
+        if self.max_memory <= 0:
+            raise ConfigError("isolation.max_memory: expected > 0")
+        if not isinstance(self.timeout, int | float) or not self.timeout > 0:
+            raise ConfigError(f"isolation.timeout: expected seconds > 0, got {self.timeout!r}")
+
+
+DEFAULT_ISOLATION = Isolation()
+
+_context: ForkServerContext | None = None
+_context_lock = threading.Lock()
+
+
+def _forkserver() -> ForkServerContext:
+    global _context  # one forkserver per process, started on first use
+    with _context_lock:
+        if _context is None:
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(PRELOAD)
+            _context = context
+        return _context
+
+
+def run_isolated(
+    work: Callable[..., T],
+    sizing: Callable[[], Probed] | None,
+    *args: Any,
+    isolation: Isolation = DEFAULT_ISOLATION,
+) -> T:
+    """`work(probed, *args)` in a fresh child, where `probed = sizing()` (run there first,
+    under `HEADER_MEMORY`: `probe.inspect`) sizes the child's memory limit; Refused for every
+    way it may fail (see the module's docstring). `work` and `sizing` must be importable
+    module functions (or `functools.partial`s of them): they cross to the child by name."""
+    receiver, sender = _forkserver().Pipe(duplex=False)
+    with tempfile.NamedTemporaryFile(prefix="decode.", suffix=".err") as errors:
+        child = _forkserver().Process(
+            target=_child,
+            args=(sender, errors.name, work, sizing, args, isolation.max_memory),
+            daemon=True,
+        )
+        child.start()
+        sender.close()
+        try:
+            return cast(T, _outcome(child, receiver, isolation.timeout, Path(errors.name)))
+        finally:
+            receiver.close()
+            if child.is_alive():
+                child.kill()
+            child.join()
+            child.close()
+
+
+def _outcome(
+    child: multiprocessing.process.BaseProcess,
+    receiver: multiprocessing.connection.Connection,
+    timeout: float,
+    errors: Path,
+) -> object:
+    if not receiver.poll(timeout):
+        child.kill()
+        raise Refused(DECODE_TIMEOUT, f"decoding ran past {timeout:g} s")
+    try:
+        kind, value = receiver.recv()
+    except EOFError:  # the child died before it answered
+        child.join()
+        raise _death(child.exitcode, errors) from None
+    if kind == "refused":
+        raise value
+    if kind == "error":
+        raise RuntimeError(value)  # a bug of ours, not the file's: the stage retries it
+    return value
+
+
+def _death(exitcode: int | None, errors: Path) -> Refused:
+    # GLib aborts the process when an allocation fails (libvips allocates through it): what
+    # it wrote on its way out tells running out of the limit from any other crash.
+    said = errors.read_bytes()[-4096:].decode("utf-8", "replace").lower()
+    if any(words in said for words in OUT_OF_MEMORY):
+        return Refused(TOO_COSTLY, "decoding it ran out of the memory allowed")
+    if exitcode is not None and exitcode < 0:
+        name = signal.Signals(-exitcode).name
+        return Refused(DECODER_CRASHED, f"the decoder was killed by {name}")
+    return Refused(DECODER_CRASHED, f"the decoder exited with status {exitcode}")
+
+
+def _child(
+    sender: multiprocessing.connection.Connection,
+    errors: str,
+    work: Callable[..., object],
+    sizing: Callable[[], Probed] | None,
+    args: tuple[Any, ...],
+    max_memory: int,
+) -> None:
+    _few_arenas()
+    with open(errors, "wb") as stream:  # the decoders' own words go to the parent's file
+        os.dup2(stream.fileno(), 2)
+    try:
+        _limit(HEADER_MEMORY)
+        probed = sizing() if sizing is not None else None
+        if probed is not None:
+            if probed.memory > max_memory:
+                raise Refused(
+                    TOO_COSTLY,
+                    f"decoding it would take about {probed.memory >> 20} MiB, "
+                    f"more than {max_memory >> 20}",
+                )
+            _limit(2 * probed.memory)
+        answer: tuple[str, object] = ("ok", work(probed, *args))
+    except Refused as refused:
+        answer = ("refused", refused)
+    except MemoryError:
+        answer = ("refused", Refused(TOO_COSTLY, "decoding it ran out of the memory allowed"))
+    except Exception as error:  # reported to the parent, never silently dropped
+        answer = ("error", f"{type(error).__name__}: {error}")
+    sender.send(answer)
+    sender.close()
+
+
+def _limit(room: int) -> None:
+    """Cap the child's address space at what it has mapped now (the measured base: the
+    interpreter, the decoders' libraries, the header pass), plus `room`, plus room for
+    threads."""
+    base = _mapped()
+    limit = base + room + THREAD_ROOM
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+def _mapped() -> int:
+    """This process's virtual size (VmSize), in bytes."""
+    with open("/proc/self/statm") as statm:
+        pages = int(statm.read().split()[0])
+    return pages * resource.getpagesize()
+
+
+def _few_arenas() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, ARENAS)

@@ -1,0 +1,115 @@
+"""Decoding in a child process: a file that would take more memory than a child may have is
+`media.too_costly`, a decode past its timeout `media.decode_timeout`, a crashed decoder
+`media.decoder_crashed`; the calling process lives on and holds none of the decode's memory.
+
+Real processes and real time on purpose (a child's limit and timeout are the point), bounded."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from headrace.pipelines.moderation import derive, samples
+from headrace.pipelines.moderation.isolate import Isolation, run_isolated
+from headrace.pipelines.moderation.probe import (
+    DECODE_TIMEOUT,
+    DECODER_CRASHED,
+    TOO_COSTLY,
+    Probed,
+    Refused,
+    decode_fully,
+    inspect,
+)
+
+pytestmark = pytest.mark.realtime
+SIDE = 7071  # just under the image class's 50 Mpx
+
+
+def validated(found: Probed, original: Path) -> Probed:
+    decode_fully(original, found)
+    return found
+
+
+def derived(found: Probed, original: Path, into: Path) -> dict[str, object]:
+    return derive.derive(original, found, into)
+
+
+def killed(found: Probed | None) -> None:
+    os.kill(os.getpid(), signal.SIGSEGV)  # as a decoder bug would end it
+
+
+def resident() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.fixture(scope="module")
+def at_limit(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("media") / "at-limit.png"
+    path.write_bytes(samples.rgba_png(SIDE, SIDE))
+    return path
+
+
+def sized(path: Path) -> functools.partial[Probed]:
+    return functools.partial(inspect, path, None)
+
+
+def test_an_at_limit_png_is_validated_and_derived_without_the_caller_growing(
+    at_limit: Path, tmp_path: Path
+) -> None:
+    before = resident()
+    found = run_isolated(validated, sized(at_limit), at_limit)
+    assert (found.width, found.height) == (SIDE, SIDE)
+    assert found.memory < 200 << 20  # streamed: a strip of rows, not 200 MB of pixels
+    metadata = run_isolated(derived, sized(at_limit), at_limit, tmp_path)
+    assert metadata["files"] == [derive.PREVIEW, derive.THUMBNAIL]
+    assert resident() - before < 32 << 20  # the pixels were the child's, and went with it
+
+
+def test_an_estimate_past_what_a_child_may_use_is_too_costly_unopened(at_limit: Path) -> None:
+    with pytest.raises(Refused) as refused:
+        run_isolated(validated, sized(at_limit), at_limit, isolation=Isolation(max_memory=1 << 20))
+    assert refused.value.code == TOO_COSTLY
+    assert "MiB" in refused.value.message
+
+
+def test_a_decode_that_runs_out_of_the_childs_memory_is_too_costly(tmp_path: Path) -> None:
+    # A GIF is decoded whole (144 MB of RGBA here, twice over); sized as a header that
+    # understates its cost would be, the child's limit is far below what the decoder asks for.
+    original = tmp_path / "whole.gif"
+    Image.linear_gradient("L").resize((6000, 6000)).save(original, "GIF")
+    lying = functools.partial(_streamed_estimate, original)
+    with pytest.raises(Refused) as refused:
+        run_isolated(validated, lying, original)
+    assert refused.value.code == TOO_COSTLY
+
+
+def _streamed_estimate(path: Path) -> Probed:
+    found = inspect(path)
+    return Probed(found.media_class, found.format, found.size, found.width, found.height)
+
+
+def test_a_decode_past_its_timeout_is_killed_and_named(at_limit: Path) -> None:
+    with pytest.raises(Refused) as refused:
+        run_isolated(validated, sized(at_limit), at_limit, isolation=Isolation(timeout=0.05))
+    assert refused.value.code == DECODE_TIMEOUT
+
+
+def test_a_decoder_killed_by_a_signal_is_a_refusal_not_a_crash() -> None:
+    with pytest.raises(Refused) as refused:
+        run_isolated(killed, None)
+    assert refused.value.code == DECODER_CRASHED
+    assert "SIGSEGV" in refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("max_memory", "timeout"), [(0, 1.0), (-1, 1.0), (True, 1.0), (1 << 20, 0), (1 << 20, "1")]
+)
+def test_isolation_names_its_bad_field(max_memory: object, timeout: object) -> None:
+    with pytest.raises(ValueError, match="isolation"):
+        Isolation(max_memory=max_memory, timeout=timeout)  # type: ignore[arg-type]
