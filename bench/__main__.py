@@ -16,6 +16,7 @@ from rich.table import Table
 
 from bench.claims import ClaimCost, claim_figures
 from bench.contention import Contention, contention_figures
+from bench.latency import REQUESTS, latency_figures, latency_table
 from bench.peers.systems import SYSTEMS
 from bench.quota import QuotaRun, quota_figures
 from bench.studio import StudioFigure, studio_figures
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "latest.json"
 DEFAULT_CHART = Path(__file__).parents[1] / "docs" / "img" / "peers.png"
-SECTIONS = ("studio", "throughput", "claims", "quota", "contention", "peers")
+SECTIONS = ("studio", "throughput", "claims", "quota", "contention", "latency", "peers")
 POSTGRES_SYSTEMS = ("headrace-postgres", "procrastinate", "pgqueuer")
 
 
@@ -224,6 +225,12 @@ def run_contention(args: argparse.Namespace, console: Console) -> dict[str, obje
     return {"contention": [asdict(run) for run in contention]}
 
 
+def run_latency(args: argparse.Namespace, console: Console) -> dict[str, object]:
+    latency = latency_figures(200 if args.quick else REQUESTS)
+    console.print(latency_table(latency))
+    return {"latency": [asdict(f) for f in latency]}
+
+
 def run_peers(args: argparse.Namespace, console: Console) -> dict[str, object]:
     from bench.peers.chart import draw
     from bench.peers.harness import peer_figures
@@ -253,6 +260,7 @@ RUNS = {
     "claims": run_claims,
     "quota": run_quota,
     "contention": run_contention,
+    "latency": run_latency,
     "peers": run_peers,
 }
 

@@ -7,8 +7,8 @@ import shutil
 import socket
 import sqlite3
 import stat
-import tempfile
-from collections.abc import Iterator
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -99,32 +99,56 @@ def test_a_database_that_does_not_exist_is_named(command: str) -> None:
     assert 'database "headrace_no_such_database" does not exist' in line
 
 
+# Run under `without_dac_override`: exits 0 when the checkout imports and the read-only file
+# given refuses to open for writing.
+PROBE = (
+    "import sys, headrace\n"
+    "try:\n"
+    "    open(sys.argv[1], 'a').close()\n"
+    "except PermissionError:\n"
+    "    sys.exit(0)\n"
+    "sys.exit('a read-only file opened for writing')\n"
+)
+
+
 @pytest.fixture
-def shared_dir() -> Iterator[Path]:
-    """A directory anyone may write to: the read-only case runs as another user under root."""
-    path = Path(tempfile.mkdtemp(prefix="headrace-e2e-"))
-    path.chmod(0o777)
-    yield path
-    shutil.rmtree(path)
-
-
-def unprivileged() -> list[str]:
-    """Root writes any file whatever its mode: as root, run the command as `nobody`."""
+def without_dac_override(tmp_path: Path) -> list[str]:
+    """A prefix under which a file's mode binds the command's writes. Root writes any file
+    whatever its mode by CAP_DAC_OVERRIDE: as root, the command runs without that capability,
+    still as uid 0 and with CAP_DAC_READ_SEARCH, so it reads the checkout whatever the
+    checkout's mode (another user cannot enter a clone inside `mktemp -d`, mode 0700)."""
     if os.geteuid() != 0:
         return []
     setpriv = shutil.which("setpriv")
     if setpriv is None:
-        pytest.skip("running as root, and no setpriv to run the command as another user")
-    return [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+        pytest.skip("running as root, and no setpriv to drop CAP_DAC_OVERRIDE")
+    prefix = [setpriv, "--bounding-set=-dac_override", "--inh-caps=-dac_override"]
+    read_only = tmp_path / "probe"
+    read_only.touch(mode=0o444)
+    probe = subprocess.run(
+        [*prefix, sys.executable, "-c", PROBE, str(read_only)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    read_only.unlink()
+    if probe.returncode != 0:
+        said = (probe.stderr.strip().splitlines() or ["no message"])[-1]
+        pytest.skip(f"running as root, and file modes do not bind without CAP_DAC_OVERRIDE: {said}")
+    return prefix
 
 
 @pytest.mark.parametrize("command", ["submit", "cancel"])
-def test_a_read_only_store_is_named(command: str, shared_dir: Path) -> None:
-    path = shared_dir / "studio.db"
+def test_a_read_only_store_is_named(
+    command: str, tmp_path: Path, without_dac_override: list[str]
+) -> None:
+    path = tmp_path / "studio.db"
     made = headrace("submit", "--app", APP, "--db", str(path), "render", "shot-0")
     assert made.returncode == 0, made.stderr
     path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
-    line = failure_line(headrace(*store_command(command, str(path)), prefix=unprivileged()))
+    line = failure_line(headrace(*store_command(command, str(path)), prefix=without_dac_override))
     assert str(path) in line
     assert "read-only" in line
 
