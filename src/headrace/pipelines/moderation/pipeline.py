@@ -73,6 +73,9 @@ from headrace.store.records import Audit, AuditRow, Notice, Record
 from headrace.store.types import TaskState
 
 DERIVE_VERSION = 1
+# A decoding child's own memory beside what it decodes: the pages it writes of the forkserver's
+# interpreter and libraries (the rest it shares with the forkserver), its stack and arenas.
+CHILD_BASE = 32 << 20
 T = TypeVar("T")
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 MAX_STAFF_WEIGHT = 100.0
@@ -419,6 +422,7 @@ class Moderation:
             flow=item.session if self.order == "fair" else "arrival",
             key=f"validate:{item.media_id}",
             weight=item.weight,
+            memory=decode_charge(item.memory),
         )
         [task_id] = await self.app.submit([spec])
         return task_id
@@ -494,6 +498,7 @@ class Moderation:
                 media_class=found.media_class.value,
                 format=found.format,
                 metadata=found.as_dict(),
+                memory=found.memory,  # read again in the decoding child: what derive charges
                 flags=[TRAILING_DATA] if found.trailing else [],
             )
 
@@ -512,6 +517,7 @@ class Moderation:
                 media_id,
                 key=f"derive:{media_id}",
                 weight=item.weight,
+                memory=decode_charge(item.memory),
                 continues=True,
             )
             await records.write(media_id, state=ItemState.SCANNED)
@@ -622,6 +628,13 @@ def _validated(found: Probed, original: Path) -> Probed:
 
 def _derived(found: Probed, original: Path, into: Path) -> None:
     derive(original, found, into)
+
+
+def decode_charge(estimate: int | None) -> int:
+    """What a decoding stage charges its worker's memory budget (`Worker(memory=)`): the
+    estimate read from the item's headers, plus the decoding child's own pages (`CHILD_BASE`);
+    headers that did not read cost a child that reads headers and refuses."""
+    return CHILD_BASE + (estimate or 0)
 
 
 def stage_options(
