@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import random
 from collections.abc import AsyncIterator
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
@@ -82,6 +83,39 @@ async def test_a_key_submitted_by_two_writers_with_two_payloads_names_the_first(
         assert found is not None and found.id == created[0][0].id
     counts = await first.counts()
     assert counts[TaskState.READY] == ROUNDS
+
+
+async def test_producers_over_the_same_keys_never_fail_from_contention() -> None:
+    """Twenty producers, each with its own pool, submit the same 500 keys in batches of ten,
+    in orders of their own: no batch fails (a writer waits for the keys another is inserting,
+    then finds its tasks), and each key names one task for every producer."""
+    keys = [f"upload-{n}" for n in range(500)]
+    with fresh_schema("headrace_keys") as url:
+        producers = [PostgresStore.from_url(f"{url}&pool_max=2") for _ in range(20)]
+        for store in producers:
+            await store.open(Settings())
+        try:
+            named = await asyncio.gather(
+                *(produce(store, keys, seed) for seed, store in enumerate(producers))
+            )
+            counts = await producers[0].counts()
+        finally:
+            for store in producers:
+                await store.close()
+    assert counts[TaskState.READY] == len(keys)
+    assert all(each == named[0] for each in named)
+
+
+async def produce(store: PostgresStore, keys: list[str], seed: int) -> dict[str, int]:
+    """Submit `keys` in batches of ten, in an order drawn from `seed`; the task each names."""
+    order = random.Random(seed).sample(keys, len(keys))
+    named: dict[str, int] = {}
+    for start in range(0, len(order), 10):
+        batch = order[start : start + 10]
+        tasks = [NewTask("upload", key, key=key, flow=f"event-{key[-1]}") for key in batch]
+        for key, submitted in zip(batch, await store.submit(tasks), strict=True):
+            named[key] = submitted.id
+    return named
 
 
 async def notified(store: PostgresStore, write: Any) -> bool:

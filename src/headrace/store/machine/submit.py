@@ -60,13 +60,15 @@ class Submission(Tickets):
 
     async def submit_unbounded(self, tasks: Sequence[NewTask]) -> list[Submitted]:
         """A batch no bound counts, in one round trip before the insert: the tasks it depends on
-        held (FOR SHARE), its keys looked up, then its flows made and locked, ids drawn (one per
-        task, a few maybe unused), the virtual time read and the clock (once the flows are
-        locked), in one statement.
+        held (FOR SHARE), its keys locked and looked up (as `known_keys`), then its flows made
+        and locked, ids drawn (one per task, a few maybe unused), the virtual time read and the
+        clock (once the flows are locked), in one statement.
         """
         named = self.named_dependencies(tasks)
         shared = await self.send("share_tasks", ids=sorted(set(named))) if named else None
         keys = sorted({task.key for task in tasks if task.key is not None})
+        if keys:
+            await self.run("lock_keys", keys=keys)
         keyed = await self.send("task_ids_by_keys", keys=keys) if keys else None
         clock = None if self._clock is None else self._clock.now()
         flows = sorted({task.lane for task in tasks})
@@ -118,10 +120,13 @@ class Submission(Tickets):
         return {int(row["id"]): TaskState(row["state"]) for row in found}
 
     async def known_keys(self, tasks: Sequence[NewTask]) -> dict[str, idempotency.KnownKey]:
-        """The tasks the batch's keys name already, with their payload digests."""
+        """The tasks the batch's keys name already, with their payload digests. The keys are
+        locked first (`lock_keys`, in sorted order), so what is read stands until the commit:
+        a writer with one of them waits, then finds this batch's task instead of racing it."""
         keys = sorted({task.key for task in tasks if task.key is not None})
         if not keys:
             return {}
+        await self.run("lock_keys", keys=keys)
         return _known(await self.rows("task_ids_by_keys", keys=keys))
 
     async def check_bounds(
@@ -187,8 +192,8 @@ class Submission(Tickets):
         states.update(await self.dependency_states(others))
         planned = [_plan(results[i].id, tasks[i], afters[i], states) for i in sorted(fresh)]
         await self.tag(planned, finish)
-        # Not read before the commit: a key another writer took since `known_keys` fails the
-        # transaction, and the next try finds that writer's task.
+        # Keys are locked from `known_keys` to the commit, so none is taken meanwhile; a keyed
+        # insert that skipped the lock would fail the transaction, and the next try finds it.
         await self.run(
             "insert_tasks",
             tasks=_insert_params(planned, self.now),

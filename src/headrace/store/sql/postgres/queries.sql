@@ -76,6 +76,12 @@ FOR UPDATE;
 -- The states of tasks named as dependencies, held still until the new dependents are written.
 SELECT id, state FROM tasks WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR SHARE;
 
+-- name: lock_keys
+-- Serialise writers of the same idempotency keys until they commit (in the order given, sorted by every writer, so none waits in a cycle).
+SELECT pg_advisory_xact_lock(hashtextextended('headrace.key:' || k.key, 0))
+FROM unnest(%(keys)s::text[]) WITH ORDINALITY AS k (key, n)
+ORDER BY k.n;
+
 -- name: task_ids_by_keys
 -- The tasks idempotency keys name, with the digests of the payloads they were submitted with.
 SELECT id, key, payload_digest FROM tasks WHERE key = ANY(%(keys)s::text[]);

@@ -381,6 +381,10 @@ ORDER BY id;
 -- The states of tasks named as dependencies.
 SELECT id, state FROM tasks WHERE id IN (SELECT value FROM json_each(:ids)) ORDER BY id;
 
+-- name: lock_keys
+-- Serialise writers of the same idempotency keys: the file's write lock does already.
+SELECT json_array_length(:keys) AS n;
+
 -- name: task_ids_by_keys
 -- The tasks idempotency keys name, with the digests of the payloads they were submitted with.
 SELECT id, key, payload_digest FROM tasks WHERE key IN (SELECT value FROM json_each(:keys));
