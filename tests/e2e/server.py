@@ -1,5 +1,5 @@
-"""`headrace serve` in a subprocess on a free port, over an SQLite store in a scratch directory,
-with a token of each role made by `headrace token create`."""
+"""`headrace serve` in a subprocess on a free port, over an SQLite store in a scratch directory
+(or the store given), with a token of each role made by `headrace token create`."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ ROLES = {
 class Server:
     process: subprocess.Popen[str]
     url: str
-    db: Path
+    db: Path  # the SQLite file, when the store is one
+    store: str  # what `--db` names
     media: Path
     tokens: dict[str, str]
     log: list[str] = field(default_factory=list)  # every line it wrote to stderr
@@ -39,7 +40,7 @@ class Server:
         return {"Authorization": f"Bearer {self.tokens[who]}"}
 
 
-def make_tokens(db: Path) -> dict[str, str]:
+def make_tokens(db: Path | str) -> dict[str, str]:
     tokens = {}
     for name, (role, event) in ROLES.items():
         done = headrace("token", "create", "--db", str(db), name, "--role", role, "--event", event)
@@ -49,12 +50,17 @@ def make_tokens(db: Path) -> dict[str, str]:
 
 
 def start(
-    tmp_path: Path, *options: str, tokens: dict[str, str] | None = None, verbose: bool = False
+    tmp_path: Path,
+    *options: str,
+    tokens: dict[str, str] | None = None,
+    verbose: bool = False,
+    store: str | None = None,
 ) -> Server:
     db, media = tmp_path / "serve.db", tmp_path / "media"
-    tokens = tokens if tokens is not None else make_tokens(db)
+    store = store or f"sqlite:///{db}"
+    tokens = tokens if tokens is not None else make_tokens(store)
     command = [sys.executable, "-m", "headrace", *(["-v"] if verbose else [])]
-    command += ["serve", "--db", str(db), "--media", str(media)]
+    command += ["serve", "--db", store, "--media", str(media)]
     command += ["--port", "0", *options]
     env = environment({"HEADRACE_WEBHOOK_SECRETS": f"vidgen={WEBHOOK_SECRET}"})
     process = subprocess.Popen(
@@ -69,7 +75,7 @@ def start(
             break
     else:
         raise AssertionError(f"headrace serve did not start: {''.join(log)}")
-    server = Server(process, found[1], db, media, tokens, log)
+    server = Server(process, found[1], db, store, media, tokens, log)
     server.reader = threading.Thread(target=_keep_reading, args=(process, log), daemon=True)
     server.reader.start()
     return server
@@ -98,9 +104,13 @@ def stop(server: Server, sig: int = signal.SIGTERM) -> int:
 
 @contextlib.contextmanager
 def serving(
-    tmp_path: Path, *options: str, tokens: dict[str, str] | None = None, verbose: bool = False
+    tmp_path: Path,
+    *options: str,
+    tokens: dict[str, str] | None = None,
+    verbose: bool = False,
+    store: str | None = None,
 ) -> Iterator[Server]:
-    server = start(tmp_path, *options, tokens=tokens, verbose=verbose)
+    server = start(tmp_path, *options, tokens=tokens, verbose=verbose, store=store)
     try:
         yield server
     finally:

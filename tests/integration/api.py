@@ -18,6 +18,7 @@ from headrace.pipelines.moderation.probe import DEFAULT_LIMITS
 from headrace.service.api.app import create_api
 from headrace.service.api.auth import Role, create_token
 from headrace.service.api.deps import ApiSettings
+from headrace.service.api.webhooks import sign
 
 WEBHOOK_SECRET = "whsec-test-0123456789abcdef"
 
@@ -53,6 +54,18 @@ class Harness:
             )
         finally:
             self.client.cookies.clear()
+
+    async def deliver(self, raw: bytes, *, skew: float = 0.0, secret: str = "") -> httpx.Response:
+        """A webhook delivery of `raw`, signed now (plus `skew`) with `secret` (the test's)."""
+        now = int(await self.moderation.app.store.now() + skew)
+        return await self.client.post(
+            "/webhooks/vidgen",
+            content=raw,
+            headers={
+                "Webhook-Signature": sign(secret or WEBHOOK_SECRET, raw, now),
+                "Content-Type": "application/json",
+            },
+        )
 
     async def drain(self) -> None:
         await hr.Worker(self.moderation.app).drain(fail_fast=False)

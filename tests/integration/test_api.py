@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,6 @@ from headrace.service.api.webhooks import sign
 from headrace.store.types import TaskState
 
 from .api import WEBHOOK_SECRET, Harness, harness
-from .postgres import fresh_schema, reachable
 
 pytestmark = pytest.mark.anyio
 
@@ -260,17 +258,6 @@ async def test_a_quarantined_item_shows_why(tmp_path: Path) -> None:
         assert none.status_code == 404
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """The service's store: an SQLite file, or a PostgreSQL schema of its own."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'api.db'}"
-        return
-    reachable()
-    with fresh_schema("api") as url:
-        yield url
-
-
 async def test_two_moderators_approving_at_once_converge_with_one_notice(
     tmp_path: Path, store_url: str
 ) -> None:
@@ -397,14 +384,7 @@ async def test_healthz_and_the_openapi_document(tmp_path: Path) -> None:
 
 
 async def delivery(h: Harness, body: dict[str, Any], *, skew: float = 0.0, secret: str = "") -> Any:
-    raw = json.dumps(body).encode()
-    now = int(await h.moderation.app.store.now() + skew)
-    signature = sign(secret or WEBHOOK_SECRET, raw, now)
-    return await h.client.post(
-        "/webhooks/vidgen",
-        content=raw,
-        headers={"Webhook-Signature": signature, "Content-Type": "application/json"},
-    )
+    return await h.deliver(json.dumps(body).encode(), skew=skew, secret=secret)
 
 
 async def test_a_webhook_is_kept_once_and_acknowledged_again(tmp_path: Path) -> None:

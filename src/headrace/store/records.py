@@ -22,9 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from headrace.policy.errors import ConfigError
+from headrace.policy.text import check_document
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,199}")
 APPLIED = "applied"
+STORED_DEPTH = 256  # the nesting a body may have: within what every store's JSON reads back
 
 
 @dataclass(frozen=True)
@@ -126,8 +128,9 @@ def check_name(value: object, what: str) -> str:
 
 
 def dump(document: Mapping[str, Any]) -> str:
-    """A body as stored: JSON, keys sorted (a body that is not JSON is refused here, at the
-    edge, with the field named)."""
+    """A body as stored: JSON, keys sorted (a body that is not JSON, or holds text not every
+    store can keep, is refused here, at the edge, with the field named)."""
+    check_document(document, "record.body", depth=STORED_DEPTH)
     try:
         return json.dumps(dict(document), sort_keys=True, allow_nan=False)
     except (TypeError, ValueError) as exc:

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from headrace.policy import fairness
+from headrace.policy import fairness, text
 from headrace.policy.errors import ConfigError, ErrorClass, HeadraceError
 from headrace.policy.gate import GateConfig
 from headrace.policy.redact import credential_in, redact
@@ -126,12 +126,13 @@ class NewTask:
 
 
 def check_text(name: str, value: object, *, optional: bool = False) -> None:
-    """`task.<name>` is a non-empty string (or None when `optional`)."""
+    """`task.<name>` is a non-empty string every store keeps alike (or None when `optional`)."""
     if optional and value is None:
         return
     if not isinstance(value, str) or not value:
         expected = "a non-empty string or None" if optional else "a non-empty string"
         raise ConfigError(f"task.{name}: expected {expected}, got {value!r}")
+    text.check_text(value, f"task.{name}")
 
 
 def _finite(value: int | float) -> bool:
@@ -151,6 +152,7 @@ def _check_gates(gates: object) -> None:
     for gate in gates:
         if not isinstance(gate, str) or not gate:
             raise ConfigError(f"task.gates: expected non-empty gate names, got {gate!r}")
+        text.check_text(gate, "task.gates")
     if len(set(gates)) != len(gates):
         twice = sorted({g for g in gates if gates.count(g) > 1})
         raise ConfigError(f"task.gates: {', '.join(twice)} named more than once")

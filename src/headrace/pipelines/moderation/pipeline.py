@@ -68,6 +68,7 @@ from headrace.pipelines.moderation.probe import (
 from headrace.pipelines.moderation.scan import Scanner, ScanUnavailable, Verdict
 from headrace.pipelines.moderation.trailing import TRAILING_DATA
 from headrace.policy.errors import ConfigError, HeadraceError, QueueFull
+from headrace.policy.text import check_text
 from headrace.runtime.calls import off_loop
 from headrace.store.records import Audit, AuditRow, Notice, Record
 from headrace.store.types import TaskState
@@ -677,6 +678,8 @@ MAX_CAPTION = 1000
 def check_caption(caption: str | None) -> None:
     if caption is not None and (not isinstance(caption, str) or len(caption) > MAX_CAPTION):
         raise ConfigError(f"caption: expected at most {MAX_CAPTION} characters")
+    if caption is not None:
+        check_text(caption, "caption")
 
 
 def check_label(value: str, field: str) -> str:

@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
+from pydantic import AfterValidator
 
 from headrace.pipelines.moderation.pipeline import Moderation
 from headrace.policy.errors import ConfigError
+from headrace.policy.text import text_problem
 from headrace.service.api import auth
 from headrace.service.api.auth import Principal, Role
 from headrace.store.base import Store
@@ -143,3 +145,15 @@ async def require(
         raise await deny(
             svc, who, kind=kind, record_id=record_id or event, scope=event, action=action
         )
+
+
+def _storable(value: str | None) -> str | None:
+    problem = None if value is None else text_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+# Free text from a path or query that reaches the store: refused alike on every store (422
+# naming the parameter) when not every store can keep it (a NUL, a lone surrogate).
+StoredText = AfterValidator(_storable)

@@ -13,13 +13,23 @@ from pydantic import BaseModel
 
 from headrace.policy.errors import UnknownTask
 from headrace.service.api.auth import Principal, Role
-from headrace.service.api.deps import Caller, Service, TheService, deny, not_found, require
+from headrace.service.api.deps import (
+    Caller,
+    Service,
+    StoredText,
+    TheService,
+    deny,
+    not_found,
+    require,
+)
 from headrace.store.types import Attempt, TaskRecord, TaskState
 
 router = APIRouter(tags=["status"])
 
 TaskId = Annotated[int, Path(ge=1, le=2**62, description="the task's id")]
-Group = Annotated[str, Path(min_length=1, max_length=200, description="the group's name")]
+Group = Annotated[
+    str, Path(min_length=1, max_length=200, description="the group's name"), StoredText
+]
 
 
 class TaskView(BaseModel):
@@ -228,8 +238,8 @@ async def get_gates(svc: TheService, who: Caller) -> list[GateView]:
 async def list_dead_letters(
     svc: TheService,
     who: Caller,
-    group: Annotated[str | None, Query(max_length=200)] = None,
-    kind: Annotated[str | None, Query(max_length=200)] = None,
+    group: Annotated[str | None, Query(max_length=200), StoredText] = None,
+    kind: Annotated[str | None, Query(max_length=200), StoredText] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[TaskView]:
     await require(svc, who, Role.ADMIN, action="dlq.read")

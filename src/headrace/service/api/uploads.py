@@ -31,6 +31,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from headrace.pipelines.moderation.media import BlobWriter, TooLarge
 from headrace.pipelines.moderation.pipeline import MAX_CAPTION, UploadConflict
 from headrace.policy.errors import ConfigError, QueueFull
+from headrace.policy.text import text_problem
 from headrace.runtime.calls import off_loop
 from headrace.service.api.auth import Role
 from headrace.service.api.deps import ApiError, Caller, Service, TheService, require
@@ -112,6 +113,9 @@ class Form:
             raise ApiError(422, "invalid", "caption: expected UTF-8 text") from None
         if len(text) > MAX_CAPTION:
             raise ApiError(422, "invalid", f"caption: at most {MAX_CAPTION} characters")
+        problem = text_problem(text)
+        if problem is not None:
+            raise ApiError(422, "invalid", f"caption: {problem}")
         return text
 
 

@@ -21,11 +21,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Request
 from pydantic import BaseModel
 
+from headrace.policy.errors import ConfigError
+from headrace.policy.text import MAX_DEPTH, check_document
 from headrace.runtime import remote
 from headrace.service.api.deps import ApiError, TheService
 from headrace.store.records import Audit
@@ -68,8 +71,12 @@ def sign(secret: str, body: bytes, timestamp: int) -> str:
 
 
 def parse(body: bytes) -> dict[str, Any]:
+    """The delivery's JSON object, its fields checked: every string one that every store keeps
+    alike, `result` at most `MAX_DEPTH` levels deep (4xx naming the field, never a 500)."""
     try:
-        found = json.loads(body)
+        found = json.loads(body, parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError:
+        raise ApiError(400, "bad_request", f"the body is nested deeper than {MAX_DEPTH}") from None
     except (ValueError, UnicodeDecodeError):
         raise ApiError(400, "bad_request", "the body must be a JSON object") from None
     if not isinstance(found, dict):
@@ -84,7 +91,34 @@ def parse(body: bytes) -> dict[str, Any]:
         raise ApiError(422, "invalid", "remote_id: at most 200 characters")
     if remote_id is not None and status not in STATUSES:
         raise ApiError(422, "invalid", "status: 'succeeded' or 'failed' with a remote_id")
+    try:
+        for name in ("id", "type", "remote_id", "result"):
+            check_document(found.get(name), name, depth=MAX_DEPTH)
+    except ConfigError as error:
+        raise ApiError(422, "invalid", str(error)) from None
     return found
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("a number too large for a float")
+    return value
+
+
+def kept_as(found: dict[str, Any]) -> dict[str, Any]:
+    """The body a delivery is kept with: what a duplicate of it must carry again."""
+    return {
+        "event_id": found["id"],
+        "type": found["type"],
+        "remote_id": found.get("remote_id"),
+        "status": found.get("status"),
+        "result": found.get("result"),
+    }
 
 
 @router.post(
@@ -141,24 +175,25 @@ async def receive(
         raise ApiError(401, "stale", "the signed timestamp is outside the accepted window")
     found = parse(bytes(body))
     key = hashlib.sha256(f"{provider}\0{found['id']}".encode()).hexdigest()
+    body_kept = kept_as(found)
     kept = await svc.store.put_record(
         DELIVERY,
         key,
         scope=provider,
         state="received",
-        body={
-            "event_id": found["id"],
-            "type": found["type"],
-            "remote_id": found.get("remote_id"),
-            "status": found.get("status"),
-            "result": found.get("result"),
-        },
+        body=body_kept,
         audit=Audit("webhook.received", provider),
     )
-    remote_id = found.get("remote_id")
-    if remote_id is not None:  # again for a duplicate: a crash may have come in between
-        succeeded = found["status"] == "succeeded"
+    first = dict(kept.record.body)
+    if not kept.applied and first != body_kept:
+        raise ApiError(
+            409,
+            "conflict",
+            "id: this delivery id was received before with another body; the first one stands",
+        )
+    if first["remote_id"] is not None:  # again for a duplicate: a crash may have come in between
+        succeeded = first["status"] == "succeeded"
         await remote.deliver(
-            svc.store, provider, remote_id, succeeded=succeeded, result=found.get("result")
+            svc.store, provider, first["remote_id"], succeeded=succeeded, result=first["result"]
         )
     return Acknowledged(id=found["id"], duplicate=not kept.applied)
