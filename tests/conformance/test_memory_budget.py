@@ -71,6 +71,23 @@ async def test_an_oversize_task_waits_for_the_charged_ones_taken_before_it(store
     assert refs(await claim(store, MemoryRoom(668 * MIB))) == []
 
 
+async def test_large_tasks_take_only_their_share_and_small_ones_flow_beside_them(
+    store: Store,
+) -> None:
+    # Large: past 96 MiB. Their share: 384 MiB, of which 150 are held by one running.
+    room = MemoryRoom(600 * MIB, large=96 * MIB, large_free=234 * MIB)
+    await store.submit(
+        [task(f"png{i}", 150 * MIB) for i in range(3)]
+        + [task(f"photo{i}", 70 * MIB) for i in range(4)]
+    )
+    assert refs(await claim(store, room)) == ["png0", "photo0", "photo1", "photo2", "photo3"]
+    # The large ones left wait for the share, though the budget has room for one of them.
+    room = MemoryRoom(170 * MIB, large=96 * MIB, large_free=84 * MIB)
+    assert refs(await claim(store, room)) == []
+    room = MemoryRoom(170 * MIB, large=96 * MIB, large_free=160 * MIB)
+    assert refs(await claim(store, room)) == ["png1"]
+
+
 async def test_no_room_still_takes_uncharged_tasks(store: Store) -> None:
     await store.submit([task("big", 10 * MIB), task("free", 0)])
     assert refs(await claim(store, MemoryRoom(0))) == ["free"]

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from headrace.pipelines.moderation import derive, samples
-from headrace.pipelines.moderation.isolate import Isolation, run_isolated
+from headrace.pipelines.moderation.isolate import LARGE_NICE, Isolation, run_isolated
 from headrace.pipelines.moderation.probe import (
     DECODE_TIMEOUT,
     DECODER_CRASHED,
@@ -113,3 +113,18 @@ def test_a_decoder_killed_by_a_signal_is_a_refusal_not_a_crash() -> None:
 def test_isolation_names_its_bad_field(max_memory: object, timeout: object) -> None:
     with pytest.raises(ValueError, match="isolation"):
         Isolation(max_memory=max_memory, timeout=timeout)  # type: ignore[arg-type]
+
+
+def niceness(found: Probed | None) -> int:
+    return os.nice(0)
+
+
+def test_a_large_decode_yields_the_cpu_and_a_photo_does_not(at_limit: Path, tmp_path: Path) -> None:
+    photo = tmp_path / "photo.jpg"
+    photo.write_bytes(samples.jpeg(640, 480))
+    base = os.nice(0)
+    assert run_isolated(niceness, sized(photo)) == base
+    large = min(19, base + LARGE_NICE)  # an at-limit PNG: large
+    assert run_isolated(niceness, sized(at_limit)) == large
+    no_line = Isolation(large=1 << 40)
+    assert run_isolated(niceness, sized(at_limit), isolation=no_line) == base

@@ -27,15 +27,18 @@ class Meter:
         self.charged = 0
         self.peak = 0
         self.started: dict[str, float] = {}
+        self.running: dict[str, int] = {}
 
     async def run(self, ref: str, memory: int, seconds: float) -> None:
         self.started[ref] = now()
         self.charged += memory
+        self.running[ref] = memory
         self.peak = max(self.peak, self.charged)
         try:
             await asyncio.sleep(seconds)
         finally:
             self.charged -= memory
+            del self.running[ref]
 
 
 async def test_the_charge_never_exceeds_the_budget_and_small_tasks_flow() -> None:
@@ -69,6 +72,31 @@ async def test_the_charge_never_exceeds_the_budget_and_small_tasks_flow() -> Non
     last_small = max(t for ref, t in meter.started.items() if ref.startswith("small"))
     last_big = max(t for ref, t in meter.started.items() if ref.startswith("big"))
     assert last_small - began < 10.0 < last_big - began
+
+
+async def test_large_tasks_take_half_the_budget_and_the_photos_behind_them_start_at_once() -> None:
+    """Large tasks (past an eighth of the budget) together take at most half of it: the
+    photos queued behind a burst of them start while it runs, not after it."""
+    app = hr.App("memory://")
+    meter = Meter()
+    large_running: list[int] = []
+
+    @app.task(cost_class="image")
+    async def decode(ctx: hr.Context, ref: str) -> None:
+        if ref.startswith("png"):
+            large_running.append(sum(m for m in meter.running.values() if m > 128 * MIB))
+        await meter.run(ref, ctx.task.memory, 3.0 if ref.startswith("png") else 0.5)
+
+    async with app:
+        began = now()
+        for i in range(10):
+            await decode.submit(f"png{i}", memory=300 * MIB)
+        for i in range(12):
+            await decode.submit(f"photo{i}", memory=70 * MIB)
+        await hr.Worker(app, classes={"image": 6}, memory="1GiB").drain()
+    assert max(large_running) + 300 * MIB <= GIB // 2  # one at a time: two would be 600 MiB
+    photos = [t - began for ref, t in meter.started.items() if ref.startswith("photo")]
+    assert max(photos) < 2.0  # 12 photos in 5 slots, half a second each: no wait for the PNGs
 
 
 async def test_a_task_larger_than_the_budget_runs_alone_and_is_not_stuck() -> None:
@@ -161,13 +189,14 @@ async def test_borrowed_slots_share_the_memory_left() -> None:
     async with app:
         for i in range(8):
             await image.submit(f"i{i}", memory=200 * MIB)
-        # Two image slots, then the idle video slot borrowed: room for two images, not three.
-        tight = hr.Worker(app, classes={"image": 2, "video": 1}, memory="500MiB")
+        # Two image slots, then the idle video slot borrowed: room for two images, not three
+        # (large tasks, past an eighth of the budget: half of it is theirs).
+        tight = hr.Worker(app, classes={"image": 2, "video": 1}, memory="1000MiB")
         stats = await tight.drain()
         assert meter.peak == stats.peak_memory_charged == 400 * MIB
         for i in range(3):
             await image.submit(f"j{i}", memory=200 * MIB)
-        roomy = hr.Worker(app, classes={"image": 2, "video": 1}, memory="600MiB")
+        roomy = hr.Worker(app, classes={"image": 2, "video": 1}, memory="1200MiB")
         stats = await roomy.drain()
     assert stats.borrowed > 0
     assert stats.peak_memory_charged == 600 * MIB  # three at once: two own, one borrowed

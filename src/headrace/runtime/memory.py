@@ -6,6 +6,8 @@ runs; 0: not charged). A worker keeps a budget (`Worker(memory=...)`, `headrace 
 tasks that fit and passes over the others, so big items wait for room while small ones keep
 flowing. A task's charge is freed as soon as its handler is done, however it ended. A task
 larger than the whole budget runs only when nothing else charged runs, and alone among them.
+Tasks charged more than an eighth of the budget take at most half of it together, so a burst
+of them (at-limit PNGs, long videos) leaves room for the photos behind it.
 
 The default fits a 1 GiB worker process: 768 MiB for the tasks, the rest for the process
 itself (a `headrace worker` running the moderation app measures about 83 MiB of RSS idle, see
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import replace
 
 from headrace.policy.errors import ConfigError
 from headrace.store.types import Lease, MemoryRoom
@@ -24,6 +27,8 @@ KIB = 1024
 MIB = 1024 * KIB
 GIB = 1024 * MIB
 DEFAULT_MEMORY = 768 * MIB
+LARGE_PART = 8  # a task charged more than this part of the budget is large
+LARGE_SHARE = 2  # and the large ones together may be charged this part of it
 
 _UNITS = {
     "": 1,
@@ -67,27 +72,41 @@ def parse_size(value: object, *, field: str) -> int:
     return size
 
 
-def charged(leases: Iterable[Lease]) -> int:
-    """The bytes `leases` charge."""
-    return sum(lease.task.memory for lease in leases)
-
-
 class WorkerMemory:
     """What a worker's running tasks may be charged (`budget` bytes; None: no budget, nothing
-    is counted)."""
+    is counted). A task charged more than an eighth of the budget is large (`large`), and the
+    large ones together may be charged half of it (`large_share`): the other half stays for the
+    small ones, which a burst of large items would otherwise hold back until it is done."""
 
     def __init__(self, budget: object | None, *, field: str = "worker.memory") -> None:
         self.budget = None if budget is None else parse_size(budget, field=field)
+        self.large = None if self.budget is None else self.budget // LARGE_PART
+        self.large_share = 0 if self.budget is None else self.budget // LARGE_SHARE
 
-    def room(self, running: int) -> MemoryRoom | None:
-        """What a claim may charge while the running tasks are charged `running` bytes."""
+    def room(self, charges: Iterable[int]) -> MemoryRoom | None:
+        """What a claim may charge while the running tasks are charged `charges` bytes each."""
         if self.budget is None:
             return None
-        return MemoryRoom(max(0, self.budget - running), idle=running == 0)
+        running = list(charges)
+        return MemoryRoom(
+            max(0, self.budget - sum(running)),
+            idle=not any(running),
+            large=self.large,
+            large_free=max(0, self.large_share - self._large_sum(running)),
+        )
 
     def after(self, room: MemoryRoom | None, leases: Iterable[Lease]) -> MemoryRoom | None:
         """`room` less what `leases` (just claimed with it) charge: for a second claim."""
         if room is None:
             return None
-        taken = charged(leases)
-        return MemoryRoom(max(0, room.free - taken), idle=room.idle and taken == 0)
+        taken = [lease.task.memory for lease in leases]
+        return replace(
+            room,
+            free=max(0, room.free - sum(taken)),
+            idle=room.idle and not any(taken),
+            large_free=max(0, room.large_free - self._large_sum(taken)),
+        )
+
+    def _large_sum(self, charges: Iterable[int]) -> int:
+        large = self.large
+        return 0 if large is None else sum(charge for charge in charges if charge > large)

@@ -43,7 +43,7 @@ from headrace.runtime.calls import call
 from headrace.runtime.classes import ClassBudget
 from headrace.runtime.completions import Completions
 from headrace.runtime.context import Context
-from headrace.runtime.memory import DEFAULT_MEMORY, WorkerMemory, charged
+from headrace.runtime.memory import DEFAULT_MEMORY, WorkerMemory
 from headrace.runtime.results import RemoteWait, Result
 from headrace.store.dispatch import earliest
 from headrace.store.types import (
@@ -237,7 +237,7 @@ class Worker:
         if kinds and self._may_claim():
             free = self.slots - len(self._running)
             within = self.classes.limits(room) if self.classes else ()
-            memory = self.memory.room(self.stats.memory_charged)
+            memory = self.memory.room(self._charges())
             claimed = await self._claim(
                 completions, free, kinds, within, alone=not self._running, memory=memory
             )
@@ -333,9 +333,13 @@ class Worker:
         unclassed = any(kind not in self.classes.classes_of for kind in self.app.definitions)
         return self.classes.total + (DEFAULT_SLOTS if unclassed else 0)
 
+    def _charges(self) -> list[int]:
+        """What each running task is charged: a task's charge ends with its slot."""
+        return [self._leases[i].task.memory for i in self._running if i in self._leases]
+
     def _charge(self) -> None:
-        """Count what the running tasks are charged: a task's charge ends with its slot."""
-        now = charged(self._leases[i] for i in self._running if i in self._leases)
+        """Count what the running tasks are charged."""
+        now = sum(self._charges())
         self.stats.memory_charged = now
         self.stats.peak_memory_charged = max(self.stats.peak_memory_charged, now)
 

@@ -115,14 +115,19 @@ class MemoryBudget:
     """What a claim may still charge of the claiming worker's memory (`MemoryRoom`; None: the
     worker keeps no budget). A task that does not fit is skipped and stays ready in its place,
     so a smaller one behind it may be taken; a task larger than the whole room is taken only
-    into a worker that runs nothing charged, and then nothing charged goes beside it."""
+    into a worker that runs nothing charged, and then nothing charged goes beside it. A large
+    task (past `MemoryRoom.large`) must also fit in what is left of the large tasks' share."""
 
     def __init__(self, room: MemoryRoom | None) -> None:
         self._free = None if room is None else room.free
         self._idle = room is None or room.idle
+        self._large = None if room is None else room.large
+        self._large_free = 0 if room is None else room.large_free
 
     def fits(self, memory: int) -> bool:
-        return memory == 0 or self._idle or self._free is None or memory <= self._free
+        if memory == 0 or self._idle or self._free is None:
+            return True
+        return memory <= self._free and (not self._is_large(memory) or memory <= self._large_free)
 
     def take(self, memory: int) -> None:
         if memory == 0:
@@ -130,8 +135,13 @@ class MemoryBudget:
         self._idle = False
         if self._free is not None:
             self._free = max(0, self._free - memory)
+        if self._is_large(memory):
+            self._large_free = max(0, self._large_free - memory)
 
     def most(self) -> int | None:
         """The most memory a task may have and still fit (None: any): a claim need not read
         tasks larger than this, and it only ever shrinks during a claim."""
         return None if self._idle or self._free is None else self._free
+
+    def _is_large(self, memory: int) -> bool:
+        return self._large is not None and memory > self._large

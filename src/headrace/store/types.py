@@ -266,13 +266,22 @@ class MemoryRoom:
     tasks it runs, and whether none of those is charged (`idle`). A task fits while its
     `memory` fits in what is free; one larger than that fits only when `idle` and the claim has
     charged nothing yet, and is then the only charged task the worker runs (a task larger than
-    the whole budget is never stuck). Tasks of memory 0 are not charged: they always fit."""
+    the whole budget is never stuck). Tasks of memory 0 are not charged: they always fit.
+
+    `large` (bytes; None: no such line): a task charged more is large, and large tasks also
+    fit only in `large_free`, what the large ones running leave of their share of the budget,
+    so a burst of large tasks never holds every byte and small ones keep flowing."""
 
     free: int
     idle: bool = False
+    large: int | None = None
+    large_free: int = 0
 
     def __post_init__(self) -> None:
         check_bytes("claim memory", self.free)
+        if self.large is not None:
+            check_bytes("claim memory.large", self.large)
+        check_bytes("claim memory.large_free", self.large_free)
 
 
 @dataclass(frozen=True)

@@ -57,16 +57,21 @@ HEADER_MEMORY = 256 << 20  # what reading headers (and the trailing-data walk) m
 THREAD_ROOM = 160 << 20  # decoder threads' stacks and malloc arenas: mapped, mostly untouched
 OUT_OF_MEMORY = ("failed to allocate", "out of memory", "cannot allocate memory")
 M_ARENA_MAX = -8  # glibc's mallopt option number
+LARGE_NICE = 19  # the lowest: CFS gives a nice-0 process about 68 times its CPU
 ARENAS = 2  # each arena reserves 64 MiB of address space: few, or the limit is spent on them
 
 
 @dataclass(frozen=True)
 class Isolation:
     """What a decoding child may use: `max_memory` bytes of estimated decode memory (past it
-    an item is `media.too_costly` unopened), `timeout` seconds of wall-clock time."""
+    an item is `media.too_costly` unopened), `timeout` seconds of wall-clock time. A decode
+    estimated past `large` bytes (an at-limit PNG, a video) runs at the lowest CPU priority
+    (nice 19), so on a busy worker the photos decoded beside it keep their pace: it still has
+    every cycle they leave."""
 
     max_memory: int = 1 << 30
     timeout: float = 120.0
+    large: int = 96 << 20
 
     def __post_init__(self) -> None:
         if isinstance(self.max_memory, bool) or not isinstance(self.max_memory, int):
@@ -75,6 +80,8 @@ class Isolation:
             raise ConfigError("isolation.max_memory: expected > 0")
         if not isinstance(self.timeout, int | float) or not self.timeout > 0:
             raise ConfigError(f"isolation.timeout: expected seconds > 0, got {self.timeout!r}")
+        if isinstance(self.large, bool) or not isinstance(self.large, int) or self.large < 0:
+            raise ConfigError(f"isolation.large: expected bytes >= 0, got {self.large!r}")
 
 
 DEFAULT_ISOLATION = Isolation()
@@ -107,7 +114,7 @@ def run_isolated(
     with tempfile.NamedTemporaryFile(prefix="decode.", suffix=".err") as errors:
         child = _forkserver().Process(
             target=_child,
-            args=(sender, errors.name, work, sizing, args, isolation.max_memory),
+            args=(sender, errors.name, work, sizing, args, isolation),
             daemon=True,
         )
         child.start()
@@ -161,7 +168,7 @@ def _child(
     work: Callable[..., object],
     sizing: Callable[[], Probed] | None,
     args: tuple[Any, ...],
-    max_memory: int,
+    isolation: Isolation,
 ) -> None:
     _few_arenas()
     with open(errors, "wb") as stream:  # the decoders' own words go to the parent's file
@@ -170,13 +177,15 @@ def _child(
         _limit(HEADER_MEMORY)
         probed = sizing() if sizing is not None else None
         if probed is not None:
-            if probed.memory > max_memory:
+            if probed.memory > isolation.max_memory:
                 raise Refused(
                     TOO_COSTLY,
                     f"decoding it would take about {probed.memory >> 20} MiB, "
-                    f"more than {max_memory >> 20}",
+                    f"more than {isolation.max_memory >> 20}",
                 )
             _limit(2 * probed.memory)
+            if probed.memory > isolation.large:
+                os.nice(LARGE_NICE)  # photos' decodes beside it go first on a busy CPU
         answer: tuple[str, object] = ("ok", work(probed, *args))
     except Refused as refused:
         answer = ("refused", refused)
