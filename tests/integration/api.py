@@ -4,6 +4,7 @@ entered), an httpx client on it, tokens of every role, and a worker to drain the
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,7 +18,7 @@ from headrace.pipelines.moderation.pipeline import Admission, Moderation
 from headrace.pipelines.moderation.probe import DEFAULT_LIMITS
 from headrace.service.api.app import create_api
 from headrace.service.api.auth import Role, create_token
-from headrace.service.api.deps import ApiSettings
+from headrace.service.api.deps import LOGIN_COOKIE, ApiSettings
 
 WEBHOOK_SECRET = "whsec-test-0123456789abcdef"
 
@@ -98,3 +99,29 @@ async def harness(
         transport = httpx.ASGITransport(app=api)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             yield Harness(client, moderation, tokens)
+
+
+async def reviewable(h: Harness, caption: str | None = None, data: bytes | None = None) -> str:
+    """An upload, drained until reviewable: its media id."""
+    answer = await h.upload(caption=caption, data=data)
+    assert answer.status_code == 202, answer.text
+    await h.drain()
+    media_id: str = answer.json()["media_id"]
+    return media_id
+
+
+async def sign_in(h: Harness, who: str) -> str:
+    """Sign `who` in on the page, as its form does; the sign-in cookie (the client keeps it)."""
+    answer = await h.client.post("/login", data={"token": h.tokens[who]})
+    assert answer.status_code == 303 and answer.headers["location"] == "/moderate"
+    cookie = answer.cookies[LOGIN_COOKIE]
+    assert "HttpOnly" in answer.headers["set-cookie"]
+    assert "SameSite=strict" in answer.headers["set-cookie"]
+    return cookie
+
+
+def form_token_of(page: httpx.Response) -> str:
+    """The form token a page's forms carry."""
+    found = re.search(r'name="form_token" value="([0-9a-f]+)"', page.text)
+    assert found is not None, page.text
+    return found[1]

@@ -18,7 +18,7 @@ from headrace.service.api.uploads import SESSION_COOKIE, media_id_for
 from headrace.service.api.webhooks import sign
 from headrace.store.types import TaskState
 
-from .api import WEBHOOK_SECRET, Harness, harness
+from .api import WEBHOOK_SECRET, Harness, form_token_of, harness, reviewable, sign_in
 from .postgres import fresh_schema, reachable
 
 pytestmark = pytest.mark.anyio
@@ -32,14 +32,6 @@ def anyio_backend() -> tuple[str, dict[str, Any]]:
 def error_code(answer: Any) -> str:
     code: str = answer.json()["error"]["code"]
     return code
-
-
-async def reviewable(h: Harness, caption: str | None = None, data: bytes | None = None) -> str:
-    answer = await h.upload(caption=caption, data=data)
-    assert answer.status_code == 202, answer.text
-    await h.drain()
-    media_id: str = answer.json()["media_id"]
-    return media_id
 
 
 # -- uploads
@@ -488,15 +480,6 @@ async def test_a_webhook_of_an_unknown_provider_or_unsigned_is_refused(tmp_path:
 # -- the moderator page (its browser test is tests/e2e/test_moderator_page.py)
 
 
-async def sign_in(h: Harness, who: str) -> str:
-    answer = await h.client.post("/login", data={"token": h.tokens[who]})
-    assert answer.status_code == 303 and answer.headers["location"] == "/moderate"
-    cookie = answer.cookies["headrace_login"]
-    assert "HttpOnly" in answer.headers["set-cookie"]
-    assert "SameSite=strict" in answer.headers["set-cookie"]
-    return cookie
-
-
 async def test_the_page_signs_in_once_and_keeps_to_its_events(tmp_path: Path) -> None:
     async with harness(tmp_path) as h:
         media_id = await reviewable(h)
@@ -525,14 +508,13 @@ async def test_the_page_signs_in_once_and_keeps_to_its_events(tmp_path: Path) ->
             data={"decision": "approve", "form_token": "0" * 64, "upto": upto[1]},
         )
         assert stale.status_code == 403
-        form = re.search(r'name="form_token" value="([0-9a-f]+)"', page.text)
-        assert form is not None
+        token = form_token_of(page)
         done = await h.client.post(
             f"/moderate/gala/items/{media_id}",
-            data={"decision": "approve", "form_token": form[1], "upto": upto[1]},
+            data={"decision": "approve", "form_token": token, "upto": upto[1]},
         )
         assert done.status_code == 303 and "message=approved" in done.headers["location"]
-        out = await h.client.post("/logout")
+        out = await h.client.post("/logout", data={"form_token": token})
         assert out.headers["location"] == "/login"
         h.client.cookies.set("headrace_login", cookie)
         assert (await h.client.get("/moderate/gala")).headers["location"] == "/login"

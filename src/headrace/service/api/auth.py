@@ -148,6 +148,7 @@ async def signed_in(store: Store, cookie: str) -> Principal | None:
 
 
 async def sign_out(store: Store, cookie: str) -> None:
+    """End the sign-in of `cookie` on the server: a copy of the cookie kept anywhere is dead."""
     if cookie and len(cookie) <= 100:
         key = digest(cookie)
         if await store.get_record(LOGIN, key) is not None:
@@ -160,7 +161,9 @@ def form_token(cookie: str) -> str:
 
 
 def form_token_ok(cookie: str, given: str) -> bool:
-    return hmac.compare_digest(form_token(cookie), given)
+    """Whether `given` is the form token of `cookie`. Never without a cookie: the token of an
+    empty one is no secret. Compared as bytes, so any text a form sends is just wrong."""
+    return bool(cookie) and hmac.compare_digest(form_token(cookie).encode(), given.encode())
 
 
 def bearer(header: str | None) -> str | None:

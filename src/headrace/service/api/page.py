@@ -42,6 +42,20 @@ class SignInNeeded(Exception):
     """The page needs a sign-in: answered with a redirect to /login."""
 
 
+class FormRefused(ApiError):
+    """A page form not to act on: 403, and nothing done."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(403, "forbidden", message)
+
+
+def check_form_token(cookie: str, given: str) -> None:
+    """Go on only with the form token of this sign-in's cookie: a page of another site can make
+    the browser send the cookie, but cannot read the token."""
+    if not auth.form_token_ok(cookie, given):
+        raise FormRefused("the form is stale: load the page again")
+
+
 async def page_principal(request: Request, svc: Service) -> tuple[Principal, str]:
     """The signed-in moderator and the sign-in's cookie; SignInNeeded without one."""
     cookie = request.cookies.get(LOGIN_COOKIE, "")
@@ -95,8 +109,12 @@ async def login(
 
 
 @router.post("/logout")
-async def logout(request: Request, svc: TheService) -> Response:
-    await auth.sign_out(svc.store, request.cookies.get(LOGIN_COOKIE, ""))
+async def logout(
+    request: Request, svc: TheService, form_token: Annotated[str, Form(max_length=100)] = ""
+) -> Response:
+    cookie = request.cookies.get(LOGIN_COOKIE, "")
+    check_form_token(cookie, form_token)
+    await auth.sign_out(svc.store, cookie)
     answer = RedirectResponse("/login", status_code=303)
     answer.delete_cookie(LOGIN_COOKIE)
     return answer
@@ -189,12 +207,11 @@ async def decide(
     media_id: Annotated[str, Path(pattern=r"^[0-9a-f]{32}$")],
     svc: TheService,
     decision: Annotated[str, Form(pattern="^(approve|reject)$")],
-    form_token: Annotated[str, Form(max_length=100)],
+    form_token: Annotated[str, Form(max_length=100)] = "",
     upto: Annotated[int, Form(ge=0, le=2**62)] = 0,
 ) -> Response:
     who, cookie = await page_principal(request, svc)
-    if not auth.form_token_ok(cookie, form_token):
-        raise ApiError(403, "forbidden", "the form is stale: load the page again")
+    check_form_token(cookie, form_token)
     record = await svc.store.get_record(ITEM, media_id)
     if record is None or record.scope != event or not who.sees(event):
         action = f"review.{decision}"
