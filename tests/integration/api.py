@@ -77,9 +77,10 @@ async def harness(
     admission: Admission | None = None,
     declare: Callable[[hr.App], object] | None = None,
     url: str | None = None,
+    allowed_hosts: tuple[str, ...] = (),
 ) -> AsyncIterator[Harness]:
     """`declare`: more stages on the moderation app, before the service opens it. `url`: the
-    store (an SQLite file in `tmp_path` unless given)."""
+    store (an SQLite file in `tmp_path` unless given). The client sends `Host: test`."""
     moderation = make_moderation(
         url or f"sqlite:///{tmp_path / 'api.db'}",
         str(tmp_path / "media"),
@@ -88,7 +89,7 @@ async def harness(
     )
     if declare is not None:
         declare(moderation.app)
-    settings = ApiSettings(webhook_secrets={"vidgen": WEBHOOK_SECRET})
+    settings = ApiSettings(webhook_secrets={"vidgen": WEBHOOK_SECRET}, allowed_hosts=allowed_hosts)
     api = create_api(moderation, settings)
     async with api.router.lifespan_context(api):
         store = moderation.app.store

@@ -77,3 +77,83 @@ async def test_a_decision_without_its_form_token_changes_nothing(
         )
         assert answer.status_code == 403 and answer.json()["error"]["code"] == "forbidden"
         assert (await h.moderation.records.get(media_id)).state.value == "reviewable"
+
+
+# A form's sender, as a browser names it: other sites', then this service's own.
+FOREIGN = [
+    {"Origin": "https://evil.example"},
+    {"Origin": "null"},
+    {"Origin": "http://test:8443"},  # this host on another port: another site's page
+    {"Referer": "https://evil.example/page"},
+]
+SAME_SITE = [
+    {},  # not a browser: the form token alone decides
+    {"Origin": "http://test"},
+    {"Origin": "https://test"},  # behind a TLS-terminating proxy
+    {"Referer": "http://test/moderate/gala"},
+    {"Origin": "https://media.example"},  # an allowed host
+]
+ALLOWED = ("test", "media.example")
+
+
+@pytest.mark.parametrize("sender", FOREIGN)
+async def test_a_sign_in_from_another_site_is_refused_with_the_form_again(
+    tmp_path: Path, sender: dict[str, str]
+) -> None:
+    async with harness(tmp_path) as h:
+        answer = await h.client.post(
+            "/login", data={"token": h.tokens["moderator"]}, headers=sender
+        )
+        assert answer.status_code == 403 and "text/html" in answer.headers["content-type"]
+        assert "The form was sent from another site" in answer.text
+        assert 'name="token"' in answer.text
+        assert LOGIN_COOKIE not in answer.cookies
+        assert await h.moderation.app.store.list_records(LOGIN) == []
+
+
+@pytest.mark.parametrize("sender", FOREIGN)
+async def test_a_sign_out_from_another_site_is_refused(
+    tmp_path: Path, sender: dict[str, str]
+) -> None:
+    async with harness(tmp_path) as h:
+        cookie = await sign_in(h, "moderator")
+        token = form_token_of(await h.client.get("/moderate/gala"))
+        assert refused(await h.client.post("/logout", data={"form_token": token}, headers=sender))
+        assert await login_state(h, cookie) == "active"
+
+
+@pytest.mark.parametrize("sender", FOREIGN)
+async def test_a_decision_from_another_site_is_refused(
+    tmp_path: Path, sender: dict[str, str]
+) -> None:
+    async with harness(tmp_path) as h:
+        media_id = await reviewable(h)
+        await sign_in(h, "moderator")
+        token = form_token_of(await h.client.get("/moderate/gala"))
+        answer = await h.client.post(
+            f"/moderate/gala/items/{media_id}",
+            data={"decision": "approve", "form_token": token},
+            headers=sender,
+        )
+        assert refused(answer)
+        assert (await h.moderation.records.get(media_id)).state.value == "reviewable"
+
+
+@pytest.mark.parametrize("sender", SAME_SITE)
+async def test_forms_of_this_service_are_acted_on(tmp_path: Path, sender: dict[str, str]) -> None:
+    async with harness(tmp_path, allowed_hosts=ALLOWED) as h:
+        media_id = await reviewable(h)
+        signed = await h.client.post(
+            "/login", data={"token": h.tokens["moderator"]}, headers=sender
+        )
+        assert signed.status_code == 303
+        token = form_token_of(await h.client.get("/moderate/gala"))
+        decided = await h.client.post(
+            f"/moderate/gala/items/{media_id}",
+            data={"decision": "approve", "form_token": token},
+            headers=sender,
+        )
+        assert decided.status_code == 303
+        assert (await h.moderation.records.get(media_id)).state.value == "approved"
+        out = await h.client.post("/logout", data={"form_token": token}, headers=sender)
+        assert out.status_code == 303

@@ -75,7 +75,8 @@ def create_api(
         lifespan=lifespan,
     )
     api.state.service = service
-    for router in (uploads.router, items.router, status.router, webhooks.router, page.router):
+    routers = (uploads.router, items.router, status.router, webhooks.router)
+    for router in (*routers, page.router, page.forms):
         api.include_router(router)
     static = resources.files("headrace.service.api").joinpath("static")
     api.mount("/static", StaticFiles(directory=str(static)), name="static")
@@ -118,6 +119,12 @@ def _add_error_handlers(api: FastAPI) -> None:
         if request.method == "GET" and "/new" not in request.url.path:
             return RedirectResponse("/login", status_code=303)
         return error_response(ApiError(401, "unauthenticated", "sign in again at /login"))
+
+    @api.exception_handler(page.FormRefused)
+    async def on_form_refused(request: Request, refusal: page.FormRefused) -> Response:
+        if request.url.path == page.SIGN_IN:  # someone signing in reads a page, not JSON
+            return page.sign_in_refused(request, refusal)
+        return error_response(refusal)
 
     @api.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, error: RequestValidationError) -> Response:

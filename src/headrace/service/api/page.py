@@ -6,6 +6,11 @@ seq). Items that become reviewable later never enter the list under the moderato
 a line above it counts them ("Show 3 new items", refreshed by the script), and the moderator
 chooses when to cross it. Approve and reject are forms (a form token bound to the sign-in);
 after a decision the page comes back with the same boundary, so the rest stays where it was.
+
+Every form that changes something (sign-in, sign-out, a decision) is a route of `forms`, which
+refuses one sent from another site before anything else (`same_site`): 403 `forbidden`,
+nothing done (the sign-in form again, for a sign-in). Sign-out and decisions also need the form
+token of the sign-in's cookie.
 """
 
 from __future__ import annotations
@@ -13,20 +18,20 @@ from __future__ import annotations
 from importlib import resources
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Form, Path, Query, Request
+from fastapi import APIRouter, Depends, Form, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from headrace.pipelines.moderation.pipeline import ITEM, Item, ItemState
 from headrace.policy.errors import ConfigError
-from headrace.service.api import auth
+from headrace.service.api import auth, websafety
 from headrace.service.api.auth import Principal, Role
 from headrace.service.api.deps import LOGIN_COOKIE, ApiError, Service, TheService, deny
 from headrace.service.api.items import ItemView, preview_file, view
 from headrace.service.api.uploads import Event
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter(include_in_schema=False)  # what the page shows
 
 PAGE_SIZE = 100
 REVIEWABLE = ItemState.REVIEWABLE.value
@@ -47,6 +52,17 @@ class FormRefused(ApiError):
 
     def __init__(self, message: str) -> None:
         super().__init__(403, "forbidden", message)
+
+
+async def same_site(request: Request, svc: TheService) -> None:
+    """Go on only with a form a page of this service sent (websafety.same_origin): a page of
+    another site could make the browser send one, with its cookies."""
+    if not websafety.same_origin(request.headers, svc.settings.allowed_hosts):
+        raise FormRefused("the form was sent from another site: use this service's own page")
+
+
+# What the page does: every state-changing form, each checked by `same_site` first.
+forms = APIRouter(include_in_schema=False, dependencies=[Depends(same_site)])
 
 
 def check_form_token(cookie: str, given: str) -> None:
@@ -83,18 +99,32 @@ CSP = "; ".join(
 )
 
 
-@router.get("/login", response_class=HTMLResponse)
+SIGN_IN = "/login"
+
+
+@router.get(SIGN_IN, response_class=HTMLResponse)
 async def login_form(request: Request) -> HTMLResponse:
-    return render(request, "login.html")
+    return sign_in_page(request)
 
 
-@router.post("/login")
+def sign_in_page(request: Request, status: int = 200, error: str | None = None) -> HTMLResponse:
+    """The sign-in form, with what went wrong the last time."""
+    return render(request, "login.html", status, error=error)
+
+
+def sign_in_refused(request: Request, refusal: FormRefused) -> HTMLResponse:
+    """The answer to a sign-in form refused before its token was read: the form again."""
+    why = refusal.message
+    return sign_in_page(request, refusal.status, f"{why[:1].upper()}{why[1:]}.")
+
+
+@forms.post(SIGN_IN)
 async def login(
     request: Request, svc: TheService, token: Annotated[str, Form(max_length=300)] = ""
 ) -> Response:
     who = await auth.principal_of(svc.store, token.strip())
     if who is None or not who.role.holds(Role.MODERATOR):
-        return render(request, "login.html", 401, error="That token does not sign a moderator in.")
+        return sign_in_page(request, 401, "That token does not sign a moderator in.")
     cookie, _ = await auth.sign_in(svc.store, who)
     answer = RedirectResponse("/moderate", status_code=303)
     answer.set_cookie(
@@ -108,7 +138,7 @@ async def login(
     return answer
 
 
-@router.post("/logout")
+@forms.post("/logout")
 async def logout(
     request: Request, svc: TheService, form_token: Annotated[str, Form(max_length=100)] = ""
 ) -> Response:
@@ -200,7 +230,7 @@ async def new_items(
     return JSONResponse({"newer": newer, "latest": latest}, headers={"Cache-Control": "no-store"})
 
 
-@router.post("/moderate/{event}/items/{media_id}")
+@forms.post("/moderate/{event}/items/{media_id}")
 async def decide(
     request: Request,
     event: Event,
