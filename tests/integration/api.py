@@ -111,9 +111,16 @@ async def reviewable(h: Harness, caption: str | None = None, data: bytes | None 
     return media_id
 
 
+async def sign_in_form(h: Harness) -> str:
+    """Load the sign-in page, as a browser does before signing in: its form token (the client
+    keeps the form's cookie)."""
+    return form_token_of(await h.client.get("/login"))
+
+
 async def sign_in(h: Harness, who: str) -> str:
     """Sign `who` in on the page, as its form does; the sign-in cookie (the client keeps it)."""
-    answer = await h.client.post("/login", data={"token": h.tokens[who]})
+    form = {"token": h.tokens[who], "form_token": await sign_in_form(h)}
+    answer = await h.client.post("/login", data=form)
     assert answer.status_code == 303 and answer.headers["location"] == "/moderate"
     cookie = answer.cookies[LOGIN_COOKIE]
     assert "HttpOnly" in answer.headers["set-cookie"]

@@ -18,7 +18,15 @@ from headrace.service.api.uploads import SESSION_COOKIE, media_id_for
 from headrace.service.api.webhooks import sign
 from headrace.store.types import TaskState
 
-from .api import WEBHOOK_SECRET, Harness, form_token_of, harness, reviewable, sign_in
+from .api import (
+    WEBHOOK_SECRET,
+    Harness,
+    form_token_of,
+    harness,
+    reviewable,
+    sign_in,
+    sign_in_form,
+)
 from .postgres import fresh_schema, reachable
 
 pytestmark = pytest.mark.anyio
@@ -486,7 +494,8 @@ async def test_the_page_signs_in_once_and_keeps_to_its_events(tmp_path: Path) ->
         flagged = (await h.upload(data=samples.jpeg()[:300], caption="cut short")).json()
         await h.drain()
         assert (await h.client.get("/moderate")).headers["location"] == "/login"
-        wrong = await h.client.post("/login", data={"token": h.tokens["uploader"]})
+        form = {"token": h.tokens["uploader"], "form_token": await sign_in_form(h)}
+        wrong = await h.client.post("/login", data=form)
         assert wrong.status_code == 401 and "does not sign a moderator in" in wrong.text
         cookie = await sign_in(h, "moderator")
         h.client.cookies.set("headrace_login", cookie)

@@ -31,6 +31,7 @@ ACTIVE = "active"
 REVOKED = "revoked"
 EVERY_EVENT = "*"
 LOGIN_TTL = 12 * 3600.0
+SIGN_IN_FORM_TTL = 1800  # seconds a loaded sign-in form stays usable (its cookie's max-age)
 
 
 class Role(enum.Enum):
@@ -130,6 +131,14 @@ async def sign_in(store: Store, principal: Principal) -> tuple[str, str]:
         body={"token": principal.token_id, "until": now + LOGIN_TTL},
         audit=Audit("login", principal.name),
     )
+    return cookie, form_token(cookie)
+
+
+def sign_in_form() -> tuple[str, str]:
+    """A sign-in form's cookie (random, kept nowhere) and the form token bound to it. Another
+    site's page can neither read the token nor make the browser send a SameSite=Strict cookie,
+    so it cannot sign the browser in, as its own moderator, without the moderator knowing."""
+    cookie = secrets.token_urlsafe(32)
     return cookie, form_token(cookie)
 
 

@@ -9,8 +9,9 @@ after a decision the page comes back with the same boundary, so the rest stays w
 
 Every form that changes something (sign-in, sign-out, a decision) is a route of `forms`, which
 refuses one sent from another site before anything else (`same_site`): 403 `forbidden`,
-nothing done (the sign-in form again, for a sign-in). Sign-out and decisions also need the form
-token of the sign-in's cookie.
+nothing done (the sign-in form again, for a sign-in). Each needs a form token too: sign-out and
+decisions the one bound to the sign-in's cookie, a sign-in the one bound to the cookie the
+sign-in form came with.
 """
 
 from __future__ import annotations
@@ -27,7 +28,14 @@ from headrace.pipelines.moderation.pipeline import ITEM, Item, ItemState
 from headrace.policy.errors import ConfigError
 from headrace.service.api import auth, websafety
 from headrace.service.api.auth import Principal, Role
-from headrace.service.api.deps import LOGIN_COOKIE, ApiError, Service, TheService, deny
+from headrace.service.api.deps import (
+    LOGIN_COOKIE,
+    ApiError,
+    Service,
+    TheService,
+    deny,
+    service,
+)
 from headrace.service.api.items import ItemView, preview_file, view
 from headrace.service.api.uploads import Event
 
@@ -100,6 +108,7 @@ CSP = "; ".join(
 
 
 SIGN_IN = "/login"
+SIGN_IN_FORM_COOKIE = "headrace_login_form"
 
 
 @router.get(SIGN_IN, response_class=HTMLResponse)
@@ -108,8 +117,20 @@ async def login_form(request: Request) -> HTMLResponse:
 
 
 def sign_in_page(request: Request, status: int = 200, error: str | None = None) -> HTMLResponse:
-    """The sign-in form, with what went wrong the last time."""
-    return render(request, "login.html", status, error=error)
+    """The sign-in form, with what went wrong the last time: a new form cookie each time, sent
+    back only to /login, and the form token bound to it in the form."""
+    cookie, token = auth.sign_in_form()
+    answer = render(request, "login.html", status, error=error, form_token=token)
+    answer.set_cookie(
+        SIGN_IN_FORM_COOKIE,
+        cookie,
+        max_age=auth.SIGN_IN_FORM_TTL,
+        path=SIGN_IN,
+        httponly=True,
+        samesite="strict",
+        secure=service(request).settings.secure_cookies,
+    )
+    return answer
 
 
 def sign_in_refused(request: Request, refusal: FormRefused) -> HTMLResponse:
@@ -120,8 +141,13 @@ def sign_in_refused(request: Request, refusal: FormRefused) -> HTMLResponse:
 
 @forms.post(SIGN_IN)
 async def login(
-    request: Request, svc: TheService, token: Annotated[str, Form(max_length=300)] = ""
+    request: Request,
+    svc: TheService,
+    token: Annotated[str, Form(max_length=300)] = "",
+    form_token: Annotated[str, Form(max_length=100)] = "",
 ) -> Response:
+    if not auth.form_token_ok(request.cookies.get(SIGN_IN_FORM_COOKIE, ""), form_token):
+        raise FormRefused("the sign-in form had expired or was not this service's: sign in again")
     who = await auth.principal_of(svc.store, token.strip())
     if who is None or not who.role.holds(Role.MODERATOR):
         return sign_in_page(request, 401, "That token does not sign a moderator in.")
@@ -135,6 +161,7 @@ async def login(
         samesite="strict",
         secure=svc.settings.secure_cookies,
     )
+    answer.delete_cookie(SIGN_IN_FORM_COOKIE, path=SIGN_IN)
     return answer
 
 
