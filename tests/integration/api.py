@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
+from fastapi import FastAPI
 
 import headrace as hr
 from headrace.pipelines.moderation import samples
@@ -28,6 +29,7 @@ class Harness:
     client: httpx.AsyncClient
     moderation: Moderation
     tokens: dict[str, str]
+    api: FastAPI
 
     def auth(self, who: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.tokens[who]}"}
@@ -99,7 +101,7 @@ async def harness(
         }
         transport = httpx.ASGITransport(app=api)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield Harness(client, moderation, tokens)
+            yield Harness(client, moderation, tokens, api)
 
 
 async def reviewable(h: Harness, caption: str | None = None, data: bytes | None = None) -> str:

@@ -9,6 +9,7 @@ Every error is a JSON body `{"error": {"code", "message"}}` whose message says w
 repeats nothing the client sent; a failure nobody expected is a 500 with code `internal`, logged
 by its type only. The access log (`headrace.http`) has the method, the route's template (never
 the raw path or query string: a signed URL's secret stays out), the status and the time taken.
+Every answer carries the headers `websafety.py` names.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from headrace.pipelines.moderation.pipeline import Moderation
 from headrace.policy.errors import ConfigError, StoreUnavailable
 from headrace.runtime.worker import Worker
-from headrace.service.api import items, metrics, page, status, uploads, webhooks
+from headrace.service.api import items, metrics, page, status, uploads, webhooks, websafety
 from headrace.service.api.auth import Role
 from headrace.service.api.deps import ApiError, ApiSettings, Caller, Service, TheService, require
 from headrace.service.notify import OutboxRelay
@@ -83,6 +84,8 @@ def create_api(
     _add_operations(api)
     _add_error_handlers(api)
     api.middleware("http")(access_log)
+    # Added last, so outermost: its headers go on every answer, the access log's 500 too.
+    api.add_middleware(websafety.SecurityHeaders)
     return api
 
 

@@ -1,4 +1,9 @@
-"""What keeps other sites out: whether a form came from a page of this service.
+"""What keeps other sites out: headers on every answer, and whether a form came from a page of
+this service.
+
+Every answer, whatever made it (a route, an error, static files, a redirect), says that its
+type is not to be sniffed, that no frame of another site may hold it, and that the URLs of this
+service go to no other site in a Referer (`SecurityHeaders`).
 
 A browser says where a request comes from: `Origin` on every POST, and `Referer` unless a
 policy drops it. A page form (sign-in, sign-out, a decision) is acted on only when that is this
@@ -10,6 +15,36 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from urllib.parse import urlsplit
+
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",  # an upload's preview is never run as a script
+    "X-Frame-Options": "DENY",  # no page is framed: its buttons cannot be clicked blind
+    "Referrer-Policy": "same-origin",  # event names and item ids in our URLs stay with us
+}
+
+
+class SecurityHeaders:
+    """Middleware: `SECURITY_HEADERS` on every HTTP answer of the app it wraps."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    headers[name] = value
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
 
 
 def host_name(authority: str) -> str:

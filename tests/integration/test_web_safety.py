@@ -1,0 +1,81 @@
+"""What every answer of the service carries, in process: the security headers on each kind of
+answer (JSON, errors, pages, static files, previews, redirects, metrics, the API docs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from headrace.service.api.websafety import SECURITY_HEADERS
+
+from .api import harness, reviewable, sign_in
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> tuple[str, dict[str, Any]]:
+    return ("asyncio", {"debug": True})  # real time: the SQLite store's thread
+
+
+def has_security_headers(answer: httpx.Response) -> bool:
+    return all(answer.headers.get(name) == value for name, value in SECURITY_HEADERS.items())
+
+
+# (method, path, who: a bearer token's holder or "page" for a sign-in, status expected)
+ANSWERS = [
+    ("GET", "/healthz", None, 200),
+    ("GET", "/openapi.json", None, 200),
+    ("GET", "/docs", None, 200),
+    ("GET", "/static/page.css", None, 200),
+    ("GET", "/static/nothing.css", None, 404),
+    ("GET", "/login", None, 200),
+    ("GET", "/moderate", None, 303),
+    ("GET", "/moderate/gala", "page", 200),
+    ("GET", "/moderate/gala/new", "page", 200),
+    ("POST", "/logout", "page", 403),
+    ("GET", "/v1/stages", "moderator", 200),
+    ("GET", "/v1/stages", None, 401),
+    ("GET", "/v1/gates", "moderator", 403),
+    ("GET", "/v1/nowhere", None, 404),
+    ("DELETE", "/healthz", None, 405),
+    ("GET", "/v1/events/gala/items?limit=0", "moderator", 422),
+    ("GET", "/metrics", "admin", 200),
+    ("POST", "/webhooks/vidgen", None, 401),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "who", "status"), ANSWERS)
+async def test_every_kind_of_answer_carries_the_security_headers(
+    tmp_path: Path, method: str, path: str, who: str | None, status: int
+) -> None:
+    async with harness(tmp_path) as h:
+        headers = {}
+        if who == "page":
+            await sign_in(h, "moderator")
+        elif who is not None:
+            headers = h.auth(who)
+        answer = await h.client.request(method, path, headers=headers)
+        assert answer.status_code == status, answer.text
+        assert has_security_headers(answer), answer.headers
+
+
+async def test_previews_and_an_unexpected_failure_carry_them_too(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        media_id = await reviewable(h)
+        preview = await h.client.get(f"/v1/items/{media_id}/preview", headers=h.auth("admin"))
+        assert preview.headers["content-type"] == "image/webp"
+        await sign_in(h, "moderator")
+        thumbnail = await h.client.get(f"/moderate/media/{media_id}")
+        assert thumbnail.headers["content-type"] == "image/webp"
+        h.api.add_api_route("/boom", fail)
+        failed = await h.client.get("/boom")
+        assert failed.status_code == 500 and failed.json()["error"]["code"] == "internal"
+        assert all(map(has_security_headers, (preview, thumbnail, failed)))
+
+
+async def fail() -> None:
+    raise RuntimeError("a bug")
