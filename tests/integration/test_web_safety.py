@@ -1,5 +1,6 @@
 """What every answer of the service carries, in process: the security headers on each kind of
-answer (JSON, errors, pages, static files, previews, redirects, metrics, the API docs)."""
+answer (JSON, errors, pages, static files, previews, redirects, metrics, the API docs), and
+redirects that name a path, never the Host a client sent."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from headrace.service.api.websafety import SECURITY_HEADERS
 
-from .api import harness, reviewable, sign_in
+from .api import form_token_of, harness, reviewable, sign_in, sign_in_form
 
 pytestmark = pytest.mark.anyio
 
@@ -79,3 +80,54 @@ async def test_previews_and_an_unexpected_failure_carry_them_too(tmp_path: Path)
 
 async def fail() -> None:
     raise RuntimeError("a bug")
+
+
+@pytest.mark.parametrize(
+    ("path", "location"),
+    [
+        ("/moderate/", "/moderate"),
+        ("/v1/stages/", "/v1/stages"),
+        ("/login/", "/login"),
+        ("/moderate/gala//", "/moderate/gala"),
+        (
+            "/v1/events/gala/items/?limit=5&state=reviewable",
+            "/v1/events/gala/items?limit=5&state=reviewable",
+        ),
+        ("/v1/items/caf%C3%A9/", "/v1/items/caf%C3%A9"),
+    ],
+)
+async def test_a_trailing_slash_redirects_to_the_path_without_it_whatever_the_host(
+    tmp_path: Path, path: str, location: str
+) -> None:
+    async with harness(tmp_path) as h:
+        answer = await h.client.get(path, headers={"Host": "evil.example"})
+        assert (answer.status_code, answer.headers["location"]) == (307, location)
+        assert has_security_headers(answer)
+
+
+@pytest.mark.parametrize(
+    "path", ["/nowhere/", "/v1/nowhere/", "//evil.example/", "/\\evil.example/"]
+)
+async def test_a_trailing_slash_no_route_would_take_is_not_found(tmp_path: Path, path: str) -> None:
+    async with harness(tmp_path) as h:
+        # A whole URL, so that httpx sends `//evil.example/` as a path, not as another host.
+        answer = await h.client.get(f"http://test{path}", headers={"Host": "evil.example"})
+        assert answer.status_code == 404 and answer.json()["error"]["code"] == "not_found"
+
+
+async def test_every_redirect_of_the_page_names_a_path(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        media_id = await reviewable(h)
+        h.client.headers["Host"] = "evil.example"
+        redirects = [await h.client.get("/moderate/gala")]  # not signed in: to /login
+        form = {"token": h.tokens["moderator"], "form_token": await sign_in_form(h)}
+        redirects.append(await h.client.post("/login", data=form))
+        redirects.append(await h.client.get("/moderate"))  # its one event
+        token = form_token_of(await h.client.get("/moderate/gala"))
+        decision = {"decision": "approve", "form_token": token}
+        redirects.append(await h.client.post(f"/moderate/gala/items/{media_id}", data=decision))
+        redirects.append(await h.client.post("/logout", data={"form_token": token}))
+        locations = [answer.headers["location"] for answer in redirects]
+        assert [answer.status_code for answer in redirects] == [303] * 5
+        assert locations[:3] == ["/login", "/moderate", "/moderate/gala"]
+        assert all(where.startswith("/") and not where.startswith("//") for where in locations)

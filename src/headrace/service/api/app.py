@@ -74,6 +74,7 @@ def create_api(
         summary="Uploads, moderation, progress and operations of a headrace deployment",
         version="1",
         lifespan=lifespan,
+        redirect_slashes=False,  # Starlette's redirect names the client's Host: without_slash
     )
     api.state.service = service
     routers = (uploads.router, items.router, status.router, webhooks.router)
@@ -117,17 +118,7 @@ def _add_error_handlers(api: FastAPI) -> None:
     async def on_api_error(request: Request, error: ApiError) -> Response:
         return error_response(error)
 
-    @api.exception_handler(page.SignInNeeded)
-    async def on_sign_in(request: Request, error: page.SignInNeeded) -> Response:
-        if request.method == "GET" and "/new" not in request.url.path:
-            return RedirectResponse("/login", status_code=303)
-        return error_response(ApiError(401, "unauthenticated", "sign in again at /login"))
-
-    @api.exception_handler(page.FormRefused)
-    async def on_form_refused(request: Request, refusal: page.FormRefused) -> Response:
-        if request.url.path == page.SIGN_IN:  # someone signing in reads a page, not JSON
-            return page.sign_in_refused(request, refusal)
-        return error_response(refusal)
+    _add_page_error_handlers(api)
 
     @api.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, error: RequestValidationError) -> Response:
@@ -135,6 +126,8 @@ def _add_error_handlers(api: FastAPI) -> None:
 
     @api.exception_handler(StarletteHTTPException)
     async def on_http(request: Request, error: StarletteHTTPException) -> Response:
+        if error.status_code == 404 and (path := websafety.without_slash(request)) is not None:
+            return RedirectResponse(path, status_code=307)
         codes = {404: "not_found", 405: "method_not_allowed"}
         code = codes.get(error.status_code, "http_error")
         message = "no such route" if error.status_code == 404 else "not allowed here"
@@ -149,6 +142,22 @@ def _add_error_handlers(api: FastAPI) -> None:
         busy = ApiError(503, "unavailable", "the store cannot be reached: retry shortly")
         busy.headers["Retry-After"] = "2"
         return error_response(busy)
+
+
+def _add_page_error_handlers(api: FastAPI) -> None:
+    """A browser's answers: a redirect to sign in, the sign-in form again."""
+
+    @api.exception_handler(page.SignInNeeded)
+    async def on_sign_in(request: Request, error: page.SignInNeeded) -> Response:
+        if request.method == "GET" and "/new" not in request.url.path:
+            return RedirectResponse("/login", status_code=303)
+        return error_response(ApiError(401, "unauthenticated", "sign in again at /login"))
+
+    @api.exception_handler(page.FormRefused)
+    async def on_form_refused(request: Request, refusal: page.FormRefused) -> Response:
+        if request.url.path == page.SIGN_IN:  # someone signing in reads a page, not JSON
+            return page.sign_in_refused(request, refusal)
+        return error_response(refusal)
 
 
 def describe(errors: Any) -> str:

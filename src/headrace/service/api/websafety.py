@@ -3,7 +3,9 @@ this service.
 
 Every answer, whatever made it (a route, an error, static files, a redirect), says that its
 type is not to be sniffed, that no frame of another site may hold it, and that the URLs of this
-service go to no other site in a Referer (`SecurityHeaders`).
+service go to no other site in a Referer (`SecurityHeaders`). Every redirect names a path, never
+a URL built from the `Host` a client sent (`without_slash` replaces Starlette's own redirect of
+a trailing slash, which did).
 
 A browser says where a request comes from: `Origin` on every POST, and `Referer` unless a
 policy drops it. A page form (sign-in, sign-out, a decision) is acted on only when that is this
@@ -14,9 +16,11 @@ proxy in front changes nothing) or one of the configured allowed hosts.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from starlette.datastructures import MutableHeaders
+from starlette.requests import Request
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 SECURITY_HEADERS = {
@@ -68,3 +72,21 @@ def same_origin(headers: Mapping[str, str], allowed_hosts: Collection[str]) -> b
     if not authority:
         return False
     return authority == headers.get("host", "").lower() or host_name(authority) in allowed_hosts
+
+
+def without_slash(request: Request) -> str | None:
+    """Where to send a request whose path no route takes but would without its trailing slash
+    (`/moderate/` to `/moderate`, the query string kept): a path, never an absolute URL. None
+    when there is no such route."""
+    path: str = request.scope["path"]
+    if "route" in request.scope or path == "/" or not path.endswith("/"):
+        return None
+    bare = {**request.scope, "path": path.rstrip("/")}
+    if all(route.matches(bare)[0] is Match.NONE for route in request.app.router.routes):
+        return None
+    raw = request.scope.get("raw_path")
+    target = raw.decode("latin-1").rstrip("/") if raw else quote(path.rstrip("/"))
+    if target.startswith(("//", "/\\")) or not target.startswith("/"):
+        return None  # a browser reads these as another host: no route is named so anyway
+    query = request.scope.get("query_string", b"").decode("latin-1")
+    return f"{target}?{query}" if query else target
