@@ -1,6 +1,6 @@
 """What every answer of the service carries, in process: the security headers on each kind of
 answer (JSON, errors, pages, static files, previews, redirects, metrics, the API docs), and
-redirects that name a path, never the Host a client sent."""
+redirects that name a path, never the Host a client sent; the host names it answers for."""
 
 from __future__ import annotations
 
@@ -131,3 +131,28 @@ async def test_every_redirect_of_the_page_names_a_path(tmp_path: Path) -> None:
         assert [answer.status_code for answer in redirects] == [303] * 5
         assert locations[:3] == ["/login", "/moderate", "/moderate/gala"]
         assert all(where.startswith("/") and not where.startswith("//") for where in locations)
+
+
+@pytest.mark.parametrize(
+    ("host", "status"),
+    [
+        ("media.example", 200),
+        ("MEDIA.example:8443", 200),
+        ("10.0.0.7:8000", 200),
+        ("test", 400),
+        ("evil.example", 400),
+        ("media.example.evil.example", 400),
+    ],
+)
+async def test_told_its_names_the_service_answers_no_other_host(
+    tmp_path: Path, host: str, status: int
+) -> None:
+    async with harness(tmp_path, allowed_hosts=("media.example", "10.0.0.7")) as h:
+        for path in ("/healthz", "/moderate/", "/v1/nowhere"):
+            answer = await h.client.get(path, headers={"Host": host})
+            assert has_security_headers(answer)
+            if status == 400:
+                assert answer.status_code == 400
+                assert answer.json()["error"]["code"] == "bad_host"
+            else:
+                assert answer.status_code != 400

@@ -24,7 +24,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse
+from fastapi.responses import PlainTextResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -33,7 +33,15 @@ from headrace.policy.errors import ConfigError, StoreUnavailable
 from headrace.runtime.worker import Worker
 from headrace.service.api import items, metrics, page, status, uploads, webhooks, websafety
 from headrace.service.api.auth import Role
-from headrace.service.api.deps import ApiError, ApiSettings, Caller, Service, TheService, require
+from headrace.service.api.deps import (
+    ApiError,
+    ApiSettings,
+    Caller,
+    Service,
+    TheService,
+    error_response,
+    require,
+)
 from headrace.service.notify import OutboxRelay
 
 log = logging.getLogger("headrace.http")
@@ -84,8 +92,11 @@ def create_api(
     api.mount("/static", StaticFiles(directory=str(static)), name="static")
     _add_operations(api)
     _add_error_handlers(api)
+    # Each added outside the one before: the access log sees a Host refused, and the headers
+    # go on every answer, the access log's 500 too.
+    if service.settings.allowed_hosts:
+        api.add_middleware(websafety.AllowedHosts, hosts=service.settings.allowed_hosts)
     api.middleware("http")(access_log)
-    # Added last, so outermost: its headers go on every answer, the access log's 500 too.
     api.add_middleware(websafety.SecurityHeaders)
     return api
 
@@ -107,10 +118,6 @@ def _add_operations(api: FastAPI) -> None:
         await require(svc, who, Role.ADMIN, action="metrics.read")
         taken = await metrics.snapshot(svc.moderation.app)
         return Response(metrics.render(taken), media_type="text/plain; version=0.0.4")
-
-
-def error_response(error: ApiError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 def _add_error_handlers(api: FastAPI) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
+from fastapi.responses import JSONResponse
 
 from headrace.pipelines.moderation.pipeline import Moderation
 from headrace.policy.errors import ConfigError
@@ -105,6 +106,10 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"code": self.code, "message": self.message}}
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 def not_found(what: str) -> ApiError:

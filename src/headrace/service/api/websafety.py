@@ -5,7 +5,8 @@ Every answer, whatever made it (a route, an error, static files, a redirect), sa
 type is not to be sniffed, that no frame of another site may hold it, and that the URLs of this
 service go to no other site in a Referer (`SecurityHeaders`). Every redirect names a path, never
 a URL built from the `Host` a client sent (`without_slash` replaces Starlette's own redirect of
-a trailing slash, which did).
+a trailing slash, which did). Told its names (`ApiSettings.allowed_hosts`), the service answers
+a request for any other host 400 `bad_host` (`AllowedHosts`).
 
 A browser says where a request comes from: `Origin` on every POST, and `Referer` unless a
 policy drops it. A page form (sign-in, sign-out, a decision) is acted on only when that is this
@@ -18,10 +19,12 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from urllib.parse import quote, urlsplit
 
-from starlette.datastructures import MutableHeaders
+from starlette.datastructures import Headers, MutableHeaders
 from starlette.requests import Request
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from headrace.service.api.deps import ApiError, error_response
 
 SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",  # an upload's preview is never run as a script
@@ -49,6 +52,26 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+class AllowedHosts:
+    """Middleware: a request whose `Host` names none of `hosts` (on any port) is answered 400
+    `bad_host`, on every route. /healthz too: a probe sends one of the names, or its address is
+    one of them."""
+
+    def __init__(self, app: ASGIApp, hosts: Collection[str]) -> None:
+        self.app = app
+        self.hosts = frozenset(hosts)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self.allows(Headers(scope=scope).get("host", "")):
+            refused = ApiError(400, "bad_host", "this service does not answer for that host name")
+            await error_response(refused)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def allows(self, authority: str) -> bool:
+        return host_name(authority) in self.hosts
 
 
 def host_name(authority: str) -> str:
