@@ -1,9 +1,11 @@
 """What every answer of the service carries, in process: the security headers on each kind of
 answer (JSON, errors, pages, static files, previews, redirects, metrics, the API docs), and
-redirects that name a path, never the Host a client sent; the host names it answers for."""
+redirects that name a path, never the Host a client sent; the host names it answers for; API
+docs that load nothing from another server."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -156,3 +158,21 @@ async def test_told_its_names_the_service_answers_no_other_host(
                 assert answer.json()["error"]["code"] == "bad_host"
             else:
                 assert answer.status_code != 400
+
+
+async def test_the_api_docs_load_nothing_from_another_server(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        docs = await h.client.get("/docs")
+        assert docs.status_code == 200 and "SwaggerUIBundle" in docs.text
+        assert re.findall(r"(?i)https?:|//[a-z]", docs.text) == []  # no URL names a host
+        assert "url: '/openapi.json'" in docs.text
+        assets = re.findall(r'(?:src|href)="([^"]+)"', docs.text)
+        assert sorted(Path(url).suffix for url in assets) == [".css", ".js", ".png"]
+        for url in assets:
+            asset = await h.client.get(url)
+            assert asset.status_code == 200
+            assert DOCS_ASSET_TYPES[Path(url).suffix] in asset.headers["content-type"]
+        assert (await h.client.get("/redoc")).status_code == 404
+
+
+DOCS_ASSET_TYPES = {".js": "javascript", ".css": "text/css", ".png": "image/png"}

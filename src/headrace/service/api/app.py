@@ -3,7 +3,7 @@
 Routes: uploads (`uploads.py`), items and decisions (`items.py`), progress and operations
 (`status.py`), webhooks (`webhooks.py`), the moderator page (`page.py`), `/metrics`
 (`metrics.py`, admin) and `/healthz`. The OpenAPI document is at `/openapi.json`, browsable at
-`/docs`.
+`/docs` (Swagger UI, its files served from here: it needs no network).
 
 Every error is a JSON body `{"error": {"code", "message"}}` whose message says what to do and
 repeats nothing the client sent; a failure nobody expected is a 500 with code `internal`, logged
@@ -24,9 +24,11 @@ from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import PlainTextResponse, RedirectResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from swagger_ui_bundle import swagger_ui_path
 
 from headrace.pipelines.moderation.pipeline import Moderation
 from headrace.policy.errors import ConfigError, StoreUnavailable
@@ -83,6 +85,8 @@ def create_api(
         version="1",
         lifespan=lifespan,
         redirect_slashes=False,  # Starlette's redirect names the client's Host: without_slash
+        docs_url=None,  # FastAPI's /docs and /redoc load their scripts from a CDN: _add_docs
+        redoc_url=None,
     )
     api.state.service = service
     routers = (uploads.router, items.router, status.router, webhooks.router)
@@ -91,6 +95,7 @@ def create_api(
     static = resources.files("headrace.service.api").joinpath("static")
     api.mount("/static", StaticFiles(directory=str(static)), name="static")
     _add_operations(api)
+    _add_docs(api)
     _add_error_handlers(api)
     # Each added outside the one before: the access log sees a Host refused, and the headers
     # go on every answer, the access log's 500 too.
@@ -118,6 +123,26 @@ def _add_operations(api: FastAPI) -> None:
         await require(svc, who, Role.ADMIN, action="metrics.read")
         taken = await metrics.snapshot(svc.moderation.app)
         return Response(metrics.render(taken), media_type="text/plain; version=0.0.4")
+
+
+DOCS_ASSETS = "/docs/assets"
+
+
+def _add_docs(api: FastAPI) -> None:
+    """/docs: Swagger UI over /openapi.json, its script and style served from the files the
+    swagger-ui-bundle-v2 package ships, so it works with no network."""
+    api.mount(DOCS_ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+
+    @api.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=api.openapi_url or "/openapi.json",
+            title=f"{api.title} - Swagger UI",
+            swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png",
+            swagger_ui_parameters={"validatorUrl": None},  # the document is sent to no one
+        )
 
 
 def _add_error_handlers(api: FastAPI) -> None:
