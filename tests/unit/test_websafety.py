@@ -1,15 +1,22 @@
 """Whether a request comes from a page of this service (`websafety.same_origin`), that every
-page form asks it, and which host names the service can be told to answer for (`host_names`)."""
+page form asks it, which host names the service can be told to answer for (`host_names`), and
+that its middleware leave the lifespan alone."""
 
 from __future__ import annotations
 
 import pytest
 from fastapi.routing import APIRoute
+from starlette.types import Message, Receive, Scope, Send
 
 from headrace.policy.errors import ConfigError
 from headrace.service.api import page
 from headrace.service.api.deps import ApiSettings, host_names
-from headrace.service.api.websafety import host_name, same_origin
+from headrace.service.api.websafety import (
+    AllowedHosts,
+    SecurityHeaders,
+    host_name,
+    same_origin,
+)
 
 ALLOWED = ("media.example", "::1")
 
@@ -82,3 +89,24 @@ def test_every_form_of_the_page_checks_its_sender_first() -> None:
     for route in page.forms.routes:
         assert isinstance(route, APIRoute)
         assert [d.dependency for d in route.dependencies] == [page.same_site], route.path
+
+
+async def nothing() -> Message:
+    raise AssertionError("nothing is read")
+
+
+async def nowhere(message: Message) -> None:
+    raise AssertionError("nothing is sent")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("allowed_hosts", [(), ("media.example",)])
+async def test_the_middleware_pass_the_lifespan_through(allowed_hosts: tuple[str, ...]) -> None:
+    seen: list[str] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        seen.append(scope["type"])
+
+    wrapped = SecurityHeaders(AllowedHosts(app, hosts=allowed_hosts))
+    await wrapped({"type": "lifespan"}, nothing, nowhere)
+    assert seen == ["lifespan"]

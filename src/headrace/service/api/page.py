@@ -134,7 +134,8 @@ def sign_in_page(request: Request, status: int = 200, error: str | None = None) 
 
 
 def sign_in_refused(request: Request, refusal: FormRefused) -> HTMLResponse:
-    """The answer to a sign-in form refused before its token was read: the form again."""
+    """The answer to a refused sign-in form (its moderator token never looked at): the form
+    again, saying why."""
     why = refusal.message
     return sign_in_page(request, refusal.status, f"{why[:1].upper()}{why[1:]}.")
 

@@ -64,14 +64,14 @@ class AllowedHosts:
         self.hosts = frozenset(hosts)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not self.allows(Headers(scope=scope).get("host", "")):
-            refused = ApiError(400, "bad_host", "this service does not answer for that host name")
-            await error_response(refused)(scope, receive, send)
+        if scope["type"] != "http" or self.named(scope):  # the lifespan has no Host
+            await self.app(scope, receive, send)
             return
-        await self.app(scope, receive, send)
+        refused = ApiError(400, "bad_host", "this service does not answer for that host name")
+        await error_response(refused)(scope, receive, send)
 
-    def allows(self, authority: str) -> bool:
-        return host_name(authority) in self.hosts
+    def named(self, scope: Scope) -> bool:
+        return host_name(Headers(scope=scope).get("host", "")) in self.hosts
 
 
 def host_name(authority: str) -> str:
