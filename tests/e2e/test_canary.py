@@ -5,6 +5,7 @@ that carried it."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -34,7 +35,9 @@ def test_a_canary_never_reaches_a_log_a_dead_letter_a_metric_or_an_error(tmp_pat
 
         # In a token: as a bearer token, and typed into the page's sign-in.
         answers.append(client.get("/v1/stages", headers={"Authorization": f"Bearer {TOKEN}"}))
-        answers.append(client.post("/login", data={"token": TOKEN}))
+        form = re.search(r'name="form_token" value="([0-9a-f]+)"', client.get("/login").text)
+        assert form is not None
+        answers.append(client.post("/login", data={"token": TOKEN, "form_token": form[1]}))
 
         # In a signed URL: in query strings, in an idempotency key, in a webhook.
         answers.append(

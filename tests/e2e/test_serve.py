@@ -72,6 +72,17 @@ def test_an_upload_declared_too_large_is_refused_before_its_body_is_read(tmp_pat
         assert not any(server.media.glob("blobs/*/*"))
 
 
+def test_allowed_hosts_are_the_only_names_answered(tmp_path: Path) -> None:
+    hosts = ("--allowed-host", "media.example", "--allowed-host", "LOCALHOST")
+    with serving(tmp_path, *hosts) as server, httpx.Client(base_url=server.url) as client:
+        port = urlsplit(server.url).port
+        refused = client.get("/healthz")  # Host: 127.0.0.1, not named
+        assert refused.status_code == 400
+        assert refused.json()["error"]["code"] == "bad_host"
+        for host in ("media.example", f"localhost:{port}"):
+            assert client.get("/healthz", headers={"Host": host}).json() == {"status": "ok"}
+
+
 def test_workers_zero_leaves_the_work_to_worker_processes(tmp_path: Path) -> None:
     with (
         serving(tmp_path, "--workers", "0") as server,

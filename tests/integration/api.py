@@ -4,11 +4,13 @@ entered), an httpx client on it, tokens of every role, and a worker to drain the
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
+from fastapi import FastAPI
 
 import headrace as hr
 from headrace.pipelines.moderation import samples
@@ -17,7 +19,7 @@ from headrace.pipelines.moderation.pipeline import Admission, Moderation
 from headrace.pipelines.moderation.probe import DEFAULT_LIMITS
 from headrace.service.api.app import create_api
 from headrace.service.api.auth import Role, create_token
-from headrace.service.api.deps import ApiSettings
+from headrace.service.api.deps import LOGIN_COOKIE, ApiSettings
 from headrace.service.api.webhooks import sign
 
 WEBHOOK_SECRET = "whsec-test-0123456789abcdef"
@@ -28,6 +30,7 @@ class Harness:
     client: httpx.AsyncClient
     moderation: Moderation
     tokens: dict[str, str]
+    api: FastAPI
 
     def auth(self, who: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.tokens[who]}"}
@@ -89,9 +92,10 @@ async def harness(
     admission: Admission | None = None,
     declare: Callable[[hr.App], object] | None = None,
     url: str | None = None,
+    allowed_hosts: tuple[str, ...] = (),
 ) -> AsyncIterator[Harness]:
     """`declare`: more stages on the moderation app, before the service opens it. `url`: the
-    store (an SQLite file in `tmp_path` unless given)."""
+    store (an SQLite file in `tmp_path` unless given). The client sends `Host: test`."""
     moderation = make_moderation(
         url or f"sqlite:///{tmp_path / 'api.db'}",
         str(tmp_path / "media"),
@@ -100,7 +104,7 @@ async def harness(
     )
     if declare is not None:
         declare(moderation.app)
-    settings = ApiSettings(webhook_secrets={"vidgen": WEBHOOK_SECRET})
+    settings = ApiSettings(webhook_secrets={"vidgen": WEBHOOK_SECRET}, allowed_hosts=allowed_hosts)
     api = create_api(moderation, settings)
     async with api.router.lifespan_context(api):
         store = moderation.app.store
@@ -110,4 +114,37 @@ async def harness(
         }
         transport = httpx.ASGITransport(app=api)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield Harness(client, moderation, tokens)
+            yield Harness(client, moderation, tokens, api)
+
+
+async def reviewable(h: Harness, caption: str | None = None, data: bytes | None = None) -> str:
+    """An upload, drained until reviewable: its media id."""
+    answer = await h.upload(caption=caption, data=data)
+    assert answer.status_code == 202, answer.text
+    await h.drain()
+    media_id: str = answer.json()["media_id"]
+    return media_id
+
+
+async def sign_in_form(h: Harness) -> str:
+    """Load the sign-in page, as a browser does before signing in: its form token (the client
+    keeps the form's cookie)."""
+    return form_token_of(await h.client.get("/login"))
+
+
+async def sign_in(h: Harness, who: str) -> str:
+    """Sign `who` in on the page, as its form does; the sign-in cookie (the client keeps it)."""
+    form = {"token": h.tokens[who], "form_token": await sign_in_form(h)}
+    answer = await h.client.post("/login", data=form)
+    assert answer.status_code == 303 and answer.headers["location"] == "/moderate"
+    cookie = answer.cookies[LOGIN_COOKIE]
+    assert "HttpOnly" in answer.headers["set-cookie"]
+    assert "SameSite=strict" in answer.headers["set-cookie"]
+    return cookie
+
+
+def form_token_of(page: httpx.Response) -> str:
+    """The form token a page's forms carry."""
+    found = re.search(r'name="form_token" value="([0-9a-f]+)"', page.text)
+    assert found is not None, page.text
+    return found[1]

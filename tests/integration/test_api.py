@@ -17,7 +17,15 @@ from headrace.service.api.uploads import SESSION_COOKIE, media_id_for
 from headrace.service.api.webhooks import sign
 from headrace.store.types import TaskState
 
-from .api import WEBHOOK_SECRET, Harness, harness
+from .api import (
+    WEBHOOK_SECRET,
+    Harness,
+    form_token_of,
+    harness,
+    reviewable,
+    sign_in,
+    sign_in_form,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -30,14 +38,6 @@ def anyio_backend() -> tuple[str, dict[str, Any]]:
 def error_code(answer: Any) -> str:
     code: str = answer.json()["error"]["code"]
     return code
-
-
-async def reviewable(h: Harness, caption: str | None = None, data: bytes | None = None) -> str:
-    answer = await h.upload(caption=caption, data=data)
-    assert answer.status_code == 202, answer.text
-    await h.drain()
-    media_id: str = answer.json()["media_id"]
-    return media_id
 
 
 # -- uploads
@@ -468,22 +468,14 @@ async def test_a_webhook_of_an_unknown_provider_or_unsigned_is_refused(tmp_path:
 # -- the moderator page (its browser test is tests/e2e/test_moderator_page.py)
 
 
-async def sign_in(h: Harness, who: str) -> str:
-    answer = await h.client.post("/login", data={"token": h.tokens[who]})
-    assert answer.status_code == 303 and answer.headers["location"] == "/moderate"
-    cookie = answer.cookies["headrace_login"]
-    assert "HttpOnly" in answer.headers["set-cookie"]
-    assert "SameSite=strict" in answer.headers["set-cookie"]
-    return cookie
-
-
 async def test_the_page_signs_in_once_and_keeps_to_its_events(tmp_path: Path) -> None:
     async with harness(tmp_path) as h:
         media_id = await reviewable(h)
         flagged = (await h.upload(data=samples.jpeg()[:300], caption="cut short")).json()
         await h.drain()
         assert (await h.client.get("/moderate")).headers["location"] == "/login"
-        wrong = await h.client.post("/login", data={"token": h.tokens["uploader"]})
+        form = {"token": h.tokens["uploader"], "form_token": await sign_in_form(h)}
+        wrong = await h.client.post("/login", data=form)
         assert wrong.status_code == 401 and "does not sign a moderator in" in wrong.text
         cookie = await sign_in(h, "moderator")
         h.client.cookies.set("headrace_login", cookie)
@@ -505,14 +497,13 @@ async def test_the_page_signs_in_once_and_keeps_to_its_events(tmp_path: Path) ->
             data={"decision": "approve", "form_token": "0" * 64, "upto": upto[1]},
         )
         assert stale.status_code == 403
-        form = re.search(r'name="form_token" value="([0-9a-f]+)"', page.text)
-        assert form is not None
+        token = form_token_of(page)
         done = await h.client.post(
             f"/moderate/gala/items/{media_id}",
-            data={"decision": "approve", "form_token": form[1], "upto": upto[1]},
+            data={"decision": "approve", "form_token": token, "upto": upto[1]},
         )
         assert done.status_code == 303 and "message=approved" in done.headers["location"]
-        out = await h.client.post("/logout")
+        out = await h.client.post("/logout", data={"form_token": token})
         assert out.headers["location"] == "/login"
         h.client.cookies.set("headrace_login", cookie)
         assert (await h.client.get("/moderate/gala")).headers["location"] == "/login"

@@ -32,7 +32,7 @@ from headrace.runtime.memory import DEFAULT_MEMORY, MIB, parse_size
 from headrace.runtime.worker import Worker
 from headrace.service import logs, status, tasks
 from headrace.service.api.auth import Role, create_token, revoke_token
-from headrace.service.api.deps import ApiSettings
+from headrace.service.api.deps import ApiSettings, host_names
 from headrace.service.apps import require_existing, resolve, store_url
 from headrace.service.demo import DemoOptions, run_demo
 from headrace.service.dlq import dead_letters, letters_table
@@ -117,6 +117,16 @@ def _memory_budget(ctx: click.Context, param: click.Parameter, value: str) -> in
         return None
     try:
         return parse_size(value, field="--memory")
+    except ConfigError as error:
+        raise WrongInput(str(error)) from None
+
+
+def _allowed_hosts(
+    ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
+) -> tuple[str, ...]:
+    """The names `--allowed-host` gives; a bad one fails in one line naming the option."""
+    try:
+        return host_names(value, "--allowed-host")
     except ConfigError as error:
         raise WrongInput(str(error)) from None
 
@@ -439,6 +449,17 @@ async def _serve(runner: Worker, target: str) -> None:
 )
 @click.option("--secure-cookies", is_flag=True, help="Cookies only over HTTPS (behind TLS).")
 @click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    envvar="HEADRACE_ALLOWED_HOSTS",
+    show_envvar=True,
+    metavar="HOST",
+    callback=_allowed_hosts,
+    help="A host name the service answers for, on any port; others get 400. Repeatable (the "
+    "variable: names separated by spaces); none: any host.",
+)
+@click.option(
     "--notify-url",
     envvar="HEADRACE_NOTIFY_URL",
     show_envvar=True,
@@ -463,6 +484,7 @@ def serve(
     workers: int,
     webhook_secret: tuple[str, ...],
     secure_cookies: bool,
+    allowed_hosts: tuple[str, ...],
     notify_url: str | None,
     notify_secret: str | None,
     per_event: int,
@@ -483,7 +505,9 @@ def serve(
     if clamd is not None and not ClamdScanner(clamd).ping():
         raise WrongInput(f"--clamd {clamd}: no clamd answers there; start clamd or leave it out")
     settings = ApiSettings(
-        webhook_secrets=webhook_secrets(webhook_secret), secure_cookies=secure_cookies
+        webhook_secrets=webhook_secrets(webhook_secret),
+        secure_cookies=secure_cookies,
+        allowed_hosts=allowed_hosts,
     )
     serve_api(moderation, ServeOptions(host, port, workers, settings, relay, memory))
 

@@ -3,12 +3,13 @@
 Routes: uploads (`uploads.py`), items and decisions (`items.py`), progress and operations
 (`status.py`), webhooks (`webhooks.py`), the moderator page (`page.py`), `/metrics`
 (`metrics.py`, admin) and `/healthz`. The OpenAPI document is at `/openapi.json`, browsable at
-`/docs`.
+`/docs` (Swagger UI, its files served from here: it needs no network).
 
 Every error is a JSON body `{"error": {"code", "message"}}` whose message says what to do and
 repeats nothing the client sent; a failure nobody expected is a 500 with code `internal`, logged
 by its type only. The access log (`headrace.http`) has the method, the route's template (never
 the raw path or query string: a signed URL's secret stays out), the status and the time taken.
+Every answer carries the headers `websafety.py` names.
 """
 
 from __future__ import annotations
@@ -23,16 +24,26 @@ from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from swagger_ui_bundle import swagger_ui_path
 
 from headrace.pipelines.moderation.pipeline import Moderation
 from headrace.policy.errors import ConfigError, StoreUnavailable
 from headrace.runtime.worker import Worker
-from headrace.service.api import items, metrics, page, status, uploads, webhooks
+from headrace.service.api import items, metrics, page, status, uploads, webhooks, websafety
 from headrace.service.api.auth import Role
-from headrace.service.api.deps import ApiError, ApiSettings, Caller, Service, TheService, require
+from headrace.service.api.deps import (
+    ApiError,
+    ApiSettings,
+    Caller,
+    Service,
+    TheService,
+    error_response,
+    require,
+)
 from headrace.service.notify import OutboxRelay
 
 log = logging.getLogger("headrace.http")
@@ -73,15 +84,25 @@ def create_api(
         summary="Uploads, moderation, progress and operations of a headrace deployment",
         version="1",
         lifespan=lifespan,
+        redirect_slashes=False,  # Starlette's redirect names the client's Host: without_slash
+        docs_url=None,  # FastAPI's /docs and /redoc load their scripts from a CDN: _add_docs
+        redoc_url=None,
     )
     api.state.service = service
-    for router in (uploads.router, items.router, status.router, webhooks.router, page.router):
+    routers = (uploads.router, items.router, status.router, webhooks.router)
+    for router in (*routers, page.router, page.forms):
         api.include_router(router)
     static = resources.files("headrace.service.api").joinpath("static")
     api.mount("/static", StaticFiles(directory=str(static)), name="static")
     _add_operations(api)
+    _add_docs(api)
     _add_error_handlers(api)
+    # Each added outside the one before: the access log sees a Host refused, and the headers
+    # go on every answer, the access log's 500 too.
+    if service.settings.allowed_hosts:
+        api.add_middleware(websafety.AllowedHosts, hosts=service.settings.allowed_hosts)
     api.middleware("http")(access_log)
+    api.add_middleware(websafety.SecurityHeaders)
     return api
 
 
@@ -104,8 +125,24 @@ def _add_operations(api: FastAPI) -> None:
         return Response(metrics.render(taken), media_type="text/plain; version=0.0.4")
 
 
-def error_response(error: ApiError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+DOCS_ASSETS = "/docs/assets"
+
+
+def _add_docs(api: FastAPI) -> None:
+    """/docs: Swagger UI over /openapi.json, its script and style served from the files the
+    swagger-ui-bundle-v2 package ships, so it works with no network."""
+    api.mount(DOCS_ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+
+    @api.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=api.openapi_url or "/openapi.json",
+            title=f"{api.title} - Swagger UI",
+            swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png",
+            swagger_ui_parameters={"validatorUrl": None},  # the document is sent to no one
+        )
 
 
 def _add_error_handlers(api: FastAPI) -> None:
@@ -113,11 +150,7 @@ def _add_error_handlers(api: FastAPI) -> None:
     async def on_api_error(request: Request, error: ApiError) -> Response:
         return error_response(error)
 
-    @api.exception_handler(page.SignInNeeded)
-    async def on_sign_in(request: Request, error: page.SignInNeeded) -> Response:
-        if request.method == "GET" and "/new" not in request.url.path:
-            return RedirectResponse("/login", status_code=303)
-        return error_response(ApiError(401, "unauthenticated", "sign in again at /login"))
+    _add_page_error_handlers(api)
 
     @api.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, error: RequestValidationError) -> Response:
@@ -125,6 +158,8 @@ def _add_error_handlers(api: FastAPI) -> None:
 
     @api.exception_handler(StarletteHTTPException)
     async def on_http(request: Request, error: StarletteHTTPException) -> Response:
+        if error.status_code == 404 and (path := websafety.without_slash(request)) is not None:
+            return RedirectResponse(path, status_code=307)
         codes = {404: "not_found", 405: "method_not_allowed"}
         code = codes.get(error.status_code, "http_error")
         message = "no such route" if error.status_code == 404 else "not allowed here"
@@ -139,6 +174,22 @@ def _add_error_handlers(api: FastAPI) -> None:
         busy = ApiError(503, "unavailable", "the store cannot be reached: retry shortly")
         busy.headers["Retry-After"] = "2"
         return error_response(busy)
+
+
+def _add_page_error_handlers(api: FastAPI) -> None:
+    """A browser's answers: a redirect to sign in, the sign-in form again."""
+
+    @api.exception_handler(page.SignInNeeded)
+    async def on_sign_in(request: Request, error: page.SignInNeeded) -> Response:
+        if request.method == "GET" and "/new" not in request.url.path:
+            return RedirectResponse("/login", status_code=303)
+        return error_response(ApiError(401, "unauthenticated", "sign in again at /login"))
+
+    @api.exception_handler(page.FormRefused)
+    async def on_form_refused(request: Request, refusal: page.FormRefused) -> Response:
+        if request.url.path == page.SIGN_IN:  # someone signing in reads a page, not JSON
+            return page.sign_in_refused(request, refusal)
+        return error_response(refusal)
 
 
 def describe(errors: Any) -> str:

@@ -31,6 +31,7 @@ ACTIVE = "active"
 REVOKED = "revoked"
 EVERY_EVENT = "*"
 LOGIN_TTL = 12 * 3600.0
+SIGN_IN_FORM_TTL = 1800  # seconds a loaded sign-in form stays usable (its cookie's max-age)
 
 
 class Role(enum.Enum):
@@ -133,6 +134,14 @@ async def sign_in(store: Store, principal: Principal) -> tuple[str, str]:
     return cookie, form_token(cookie)
 
 
+def sign_in_form() -> tuple[str, str]:
+    """A sign-in form's cookie (random, kept nowhere) and the form token bound to it. Another
+    site's page can neither read the token nor make the browser send a SameSite=Strict cookie,
+    so it cannot sign the browser in, as its own moderator, without the moderator knowing."""
+    cookie = secrets.token_urlsafe(32)
+    return cookie, form_token(cookie)
+
+
 async def signed_in(store: Store, cookie: str) -> Principal | None:
     """The principal of a live sign-in cookie (its token still active), or None."""
     if not cookie or len(cookie) > 100:
@@ -148,6 +157,7 @@ async def signed_in(store: Store, cookie: str) -> Principal | None:
 
 
 async def sign_out(store: Store, cookie: str) -> None:
+    """End the sign-in of `cookie` on the server: a copy of the cookie kept anywhere is dead."""
     if cookie and len(cookie) <= 100:
         key = digest(cookie)
         if await store.get_record(LOGIN, key) is not None:
@@ -160,7 +170,9 @@ def form_token(cookie: str) -> str:
 
 
 def form_token_ok(cookie: str, given: str) -> bool:
-    return hmac.compare_digest(form_token(cookie), given)
+    """Whether `given` is the form token of `cookie`. Never without a cookie: the token of an
+    empty one is no secret. Compared as bytes, so any text a form sends is just wrong."""
+    return bool(cookie) and hmac.compare_digest(form_token(cookie).encode(), given.encode())
 
 
 def bearer(header: str | None) -> str | None:

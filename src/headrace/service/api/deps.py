@@ -5,11 +5,14 @@ the client sent."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import ipaddress
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
+from fastapi.responses import JSONResponse
 from pydantic import AfterValidator
 
 from headrace.pipelines.moderation.pipeline import Moderation
@@ -28,14 +31,18 @@ class ApiSettings:
     """`webhook_secrets`: per provider, the key its deliveries are signed with; a provider not
     named here is refused. `webhook_window`: seconds a signed timestamp stays acceptable.
     `retry_after`: seconds a client told 429 waits. `secure_cookies`: cookies only over HTTPS
-    (on behind a TLS proxy; off for plain http on localhost)."""
+    (on behind a TLS proxy; off for plain http on localhost). `allowed_hosts`: the names the
+    service answers for, on any port (`host_names`); empty, any."""
 
     webhook_secrets: Mapping[str, str] = field(default_factory=dict)
     webhook_window: float = 300.0
     retry_after: int = 2
     secure_cookies: bool = False
+    allowed_hosts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        # Kept in the form requests are compared in: lowercase, an IPv6 address unbracketed.
+        object.__setattr__(self, "allowed_hosts", host_names(self.allowed_hosts, "allowed_hosts"))
         if not 0 < self.webhook_window <= 3600:
             raise ConfigError("webhook_window: expected 0 < seconds <= 3600")
         if not 0 < self.retry_after <= 3600:
@@ -43,6 +50,37 @@ class ApiSettings:
         for provider, secret in self.webhook_secrets.items():
             if len(secret) < 16:
                 raise ConfigError(f"webhook secret of {provider!r}: expected 16 characters or more")
+
+
+_HOST_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+
+
+def host_names(given: Iterable[str], what: str) -> tuple[str, ...]:
+    """Host names (`media.example`, `localhost`) and IP addresses (`10.0.0.7`, `::1` or
+    `[::1]`), lowercased, IPv6 unbracketed; no port, no scheme, no wildcard. ConfigError
+    naming `what` and the value otherwise."""
+    names = []
+    for name in given:
+        host = name.strip().lower()
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        if not _is_host(host):
+            raise ConfigError(
+                f"{what}: {name!r} is not a host name or IP address (no port, scheme or '*')"
+            )
+        names.append(host)
+    return tuple(dict.fromkeys(names))
+
+
+def _is_host(host: str) -> bool:
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return False
+        return True
+    labels = host.split(".")
+    return len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
 
 
 @dataclass
@@ -70,6 +108,10 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"code": self.code, "message": self.message}}
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 def not_found(what: str) -> ApiError:

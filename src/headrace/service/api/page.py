@@ -6,6 +6,12 @@ seq). Items that become reviewable later never enter the list under the moderato
 a line above it counts them ("Show 3 new items", refreshed by the script), and the moderator
 chooses when to cross it. Approve and reject are forms (a form token bound to the sign-in);
 after a decision the page comes back with the same boundary, so the rest stays where it was.
+
+Every form that changes something (sign-in, sign-out, a decision) is a route of `forms`, which
+refuses one sent from another site before anything else (`same_site`): 403 `forbidden`,
+nothing done (the sign-in form again, for a sign-in). Each needs a form token too: sign-out and
+decisions the one bound to the sign-in's cookie, a sign-in the one bound to the cookie the
+sign-in form came with.
 """
 
 from __future__ import annotations
@@ -13,20 +19,27 @@ from __future__ import annotations
 from importlib import resources
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Form, Path, Query, Request
+from fastapi import APIRouter, Depends, Form, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from headrace.pipelines.moderation.pipeline import ITEM, Item, ItemState
 from headrace.policy.errors import ConfigError
-from headrace.service.api import auth
+from headrace.service.api import auth, websafety
 from headrace.service.api.auth import Principal, Role
-from headrace.service.api.deps import LOGIN_COOKIE, ApiError, Service, TheService, deny
+from headrace.service.api.deps import (
+    LOGIN_COOKIE,
+    ApiError,
+    Service,
+    TheService,
+    deny,
+    service,
+)
 from headrace.service.api.items import ItemView, preview_file, view
 from headrace.service.api.uploads import Event
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter(include_in_schema=False)  # what the page shows
 
 PAGE_SIZE = 100
 REVIEWABLE = ItemState.REVIEWABLE.value
@@ -40,6 +53,31 @@ templates = Jinja2Templates(
 
 class SignInNeeded(Exception):
     """The page needs a sign-in: answered with a redirect to /login."""
+
+
+class FormRefused(ApiError):
+    """A page form not to act on: 403, and nothing done."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(403, "forbidden", message)
+
+
+async def same_site(request: Request, svc: TheService) -> None:
+    """Go on only with a form a page of this service sent (websafety.same_origin): a page of
+    another site could make the browser send one, with its cookies."""
+    if not websafety.same_origin(request.headers, svc.settings.allowed_hosts):
+        raise FormRefused("the form was sent from another site: use this service's own page")
+
+
+# What the page does: every state-changing form, each checked by `same_site` first.
+forms = APIRouter(include_in_schema=False, dependencies=[Depends(same_site)])
+
+
+def check_form_token(cookie: str, given: str) -> None:
+    """Go on only with the form token of this sign-in's cookie: a page of another site can make
+    the browser send the cookie, but cannot read the token."""
+    if not auth.form_token_ok(cookie, given):
+        raise FormRefused("the form is stale: load the page again")
 
 
 async def page_principal(request: Request, svc: Service) -> tuple[Principal, str]:
@@ -69,18 +107,51 @@ CSP = "; ".join(
 )
 
 
-@router.get("/login", response_class=HTMLResponse)
+SIGN_IN = "/login"
+SIGN_IN_FORM_COOKIE = "headrace_login_form"
+
+
+@router.get(SIGN_IN, response_class=HTMLResponse)
 async def login_form(request: Request) -> HTMLResponse:
-    return render(request, "login.html")
+    return sign_in_page(request)
 
 
-@router.post("/login")
+def sign_in_page(request: Request, status: int = 200, error: str | None = None) -> HTMLResponse:
+    """The sign-in form, with what went wrong the last time: a new form cookie each time, sent
+    back only to /login, and the form token bound to it in the form."""
+    cookie, token = auth.sign_in_form()
+    answer = render(request, "login.html", status, error=error, form_token=token)
+    answer.set_cookie(
+        SIGN_IN_FORM_COOKIE,
+        cookie,
+        max_age=auth.SIGN_IN_FORM_TTL,
+        path=SIGN_IN,
+        httponly=True,
+        samesite="strict",
+        secure=service(request).settings.secure_cookies,
+    )
+    return answer
+
+
+def sign_in_refused(request: Request, refusal: FormRefused) -> HTMLResponse:
+    """The answer to a refused sign-in form (its moderator token never looked at): the form
+    again, saying why."""
+    why = refusal.message
+    return sign_in_page(request, refusal.status, f"{why[:1].upper()}{why[1:]}.")
+
+
+@forms.post(SIGN_IN)
 async def login(
-    request: Request, svc: TheService, token: Annotated[str, Form(max_length=300)] = ""
+    request: Request,
+    svc: TheService,
+    token: Annotated[str, Form(max_length=300)] = "",
+    form_token: Annotated[str, Form(max_length=100)] = "",
 ) -> Response:
+    if not auth.form_token_ok(request.cookies.get(SIGN_IN_FORM_COOKIE, ""), form_token):
+        raise FormRefused("the sign-in form had expired or was not this service's: sign in again")
     who = await auth.principal_of(svc.store, token.strip())
     if who is None or not who.role.holds(Role.MODERATOR):
-        return render(request, "login.html", 401, error="That token does not sign a moderator in.")
+        return sign_in_page(request, 401, "That token does not sign a moderator in.")
     cookie, _ = await auth.sign_in(svc.store, who)
     answer = RedirectResponse("/moderate", status_code=303)
     answer.set_cookie(
@@ -91,12 +162,17 @@ async def login(
         samesite="strict",
         secure=svc.settings.secure_cookies,
     )
+    answer.delete_cookie(SIGN_IN_FORM_COOKIE, path=SIGN_IN)
     return answer
 
 
-@router.post("/logout")
-async def logout(request: Request, svc: TheService) -> Response:
-    await auth.sign_out(svc.store, request.cookies.get(LOGIN_COOKIE, ""))
+@forms.post("/logout")
+async def logout(
+    request: Request, svc: TheService, form_token: Annotated[str, Form(max_length=100)] = ""
+) -> Response:
+    cookie = request.cookies.get(LOGIN_COOKIE, "")
+    check_form_token(cookie, form_token)
+    await auth.sign_out(svc.store, cookie)
     answer = RedirectResponse("/login", status_code=303)
     answer.delete_cookie(LOGIN_COOKIE)
     return answer
@@ -182,19 +258,18 @@ async def new_items(
     return JSONResponse({"newer": newer, "latest": latest}, headers={"Cache-Control": "no-store"})
 
 
-@router.post("/moderate/{event}/items/{media_id}")
+@forms.post("/moderate/{event}/items/{media_id}")
 async def decide(
     request: Request,
     event: Event,
     media_id: Annotated[str, Path(pattern=r"^[0-9a-f]{32}$")],
     svc: TheService,
     decision: Annotated[str, Form(pattern="^(approve|reject)$")],
-    form_token: Annotated[str, Form(max_length=100)],
+    form_token: Annotated[str, Form(max_length=100)] = "",
     upto: Annotated[int, Form(ge=0, le=2**62)] = 0,
 ) -> Response:
     who, cookie = await page_principal(request, svc)
-    if not auth.form_token_ok(cookie, form_token):
-        raise ApiError(403, "forbidden", "the form is stale: load the page again")
+    check_form_token(cookie, form_token)
     record = await svc.store.get_record(ITEM, media_id)
     if record is None or record.scope != event or not who.sees(event):
         action = f"review.{decision}"
