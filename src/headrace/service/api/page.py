@@ -36,7 +36,7 @@ from headrace.service.api.deps import (
     deny,
     service,
 )
-from headrace.service.api.items import ItemView, preview_file, view
+from headrace.service.api.items import ItemView, preview_answer, view
 from headrace.service.api.uploads import Event
 
 router = APIRouter(include_in_schema=False)  # what the page shows
@@ -292,4 +292,4 @@ async def media(
     record = await svc.store.get_record(ITEM, media_id)
     if record is None or not who.sees(record.scope):
         raise ApiError(404, "not_found", "no such item")
-    return preview_file(svc, Item.of(record), small=True)
+    return await preview_answer(svc, Item.of(record), small=True)
