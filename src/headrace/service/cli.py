@@ -33,7 +33,7 @@ from headrace.runtime.memory import DEFAULT_MEMORY, MIB, parse_size
 from headrace.runtime.worker import Worker
 from headrace.service import logs, status, tasks
 from headrace.service.api.auth import Role, create_token, revoke_token
-from headrace.service.api.deps import ApiSettings, host_names
+from headrace.service.api.deps import ApiSettings, Delivery, host_names
 from headrace.service.apps import require_existing, resolve, store_url
 from headrace.service.demo import DemoOptions, run_demo
 from headrace.service.dlq import dead_letters, letters_table
@@ -431,6 +431,16 @@ async def _serve(runner: Worker, target: str) -> None:
     "directory (or file:///DIR), or s3://BUCKET/PREFIX?endpoint=URL&region=NAME&path_style="
     "true|false with credentials in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.",
 )
+@click.option(
+    "--media-delivery",
+    type=click.Choice(["redirect", "stream"]),
+    default="redirect",
+    show_default=True,
+    envvar="HEADRACE_MEDIA_DELIVERY",
+    show_envvar=True,
+    help="How a preview kept in a bucket reaches the browser: a redirect to a URL signed for "
+    "five minutes, or streamed through this service.",
+)
 @click.option("--clamd", envvar="HEADRACE_CLAMD", show_envvar=True, metavar="SOCKET|HOST:PORT")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
@@ -481,6 +491,7 @@ async def _serve(runner: Worker, target: str) -> None:
 def serve(
     db: str | None,
     media: str,
+    media_delivery: Delivery,
     clamd: str | None,
     host: str,
     port: int,
@@ -512,6 +523,7 @@ def serve(
         webhook_secrets=webhook_secrets(webhook_secret),
         secure_cookies=secure_cookies,
         allowed_hosts=allowed_hosts,
+        media_delivery=media_delivery,
     )
     serve_api(moderation, ServeOptions(host, port, workers, settings, relay, memory))
 

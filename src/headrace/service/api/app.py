@@ -65,6 +65,8 @@ def create_api(
     @asynccontextmanager
     async def lifespan(api: FastAPI) -> AsyncIterator[None]:
         async with moderation.app:
+            if service.settings.media_delivery == "redirect":
+                service.media_origin = await moderation.media.signing_origin()
             running = [asyncio.create_task(worker.run()) for worker in workers]
             relaying = (
                 None if relay is None else asyncio.create_task(relay.run(moderation.app.store))

@@ -1,19 +1,21 @@
 """Items for moderators: an event's items in a stable order, one item, its preview, its audit
 trail, and the decision (`approve`, `reject`: idempotent; the first decision stands).
 
-A preview kept in a directory is a file the service sends; one kept in a bucket is streamed
-through the service as it arrives from the bucket."""
+A preview kept in a directory is a file the service sends. One kept in a bucket reaches the
+browser as `--media-delivery` says: `redirect` (307 to a URL signed for that request, valid a
+few minutes, never stored or logged; the redirect itself `Cache-Control: private, no-store`),
+or `stream` (through the service, as it arrives from the bucket)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response
-from fastapi.responses import FileResponse, StreamingResponse
+from fastapi.responses import FileResponse, RedirectResponse, StreamingResponse
 from pydantic import BaseModel
 
 from headrace.pipelines.moderation.derive import POSTER, PREVIEW, THUMBNAIL, WAVEFORM
-from headrace.pipelines.moderation.media import LocalFile, Served, Streamed
+from headrace.pipelines.moderation.media import LocalFile, Served, SignedUrl
 from headrace.pipelines.moderation.pipeline import ITEM, Item, ItemState
 from headrace.policy.errors import ConfigError
 from headrace.service.api.auth import Principal, Role
@@ -135,6 +137,7 @@ async def get_item(media_id: MediaId, svc: TheService, who: Caller) -> ItemView:
     summary="An item's preview (WebP)",
     responses={
         200: {"content": {"image/webp": {}}},
+        307: {"description": "fetch it from the media store, by a URL valid a few minutes"},
         404: {"description": "none yet"},
     },
 )
@@ -149,11 +152,13 @@ async def preview(
 
 
 async def preview_answer(svc: Service, item: Item, *, small: bool) -> Response:
-    """An item's preview (`small`: the one lists show)."""
+    """An item's preview (`small`: the one lists show) as `--media-delivery` says."""
     names = PREVIEWS.get(item.media_class or "")
     if item.derived is None or names is None:
         raise not_found("preview")
-    served = await svc.moderation.media.preview(item.derived, names[small], signed=False)
+    served = await svc.moderation.media.preview(
+        item.derived, names[small], signed=svc.settings.media_delivery == "redirect"
+    )
     return preview_response(served)
 
 
@@ -162,8 +167,9 @@ def preview_response(served: Served | None) -> Response:
         raise not_found("preview")
     if isinstance(served, LocalFile):
         return FileResponse(served.path, media_type="image/webp", headers=PRIVATE)
-    if not isinstance(served, Streamed):
-        raise not_found("preview")
+    if isinstance(served, SignedUrl):
+        # A signed URL is a credential for its minutes: no cache keeps the redirect.
+        return RedirectResponse(served.url, 307, headers={"Cache-Control": "private, no-store"})
     headers = {**PRIVATE, "Content-Length": str(served.size)}
     return StreamingResponse(served.chunks, media_type="image/webp", headers=headers)
 

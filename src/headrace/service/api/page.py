@@ -90,21 +90,26 @@ async def page_principal(request: Request, svc: Service) -> tuple[Principal, str
 
 
 def render(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
-    headers = {"Cache-Control": "no-store", "Content-Security-Policy": CSP}
+    csp = content_policy(service(request).media_origin)
+    headers = {"Cache-Control": "no-store", "Content-Security-Policy": csp}
     return templates.TemplateResponse(
         request, name, {"who": None, **context}, status_code=status, headers=headers
     )
 
 
-CSP = "; ".join(
-    (
-        "default-src 'self'",
-        "img-src 'self'",
-        "script-src 'self'",
-        "style-src 'self'",
-        "frame-ancestors 'none'",
+def content_policy(media_origin: str | None) -> str:
+    """The page's Content-Security-Policy: everything from this service, and images from
+    `media_origin` too (where previews are redirected to, when they are)."""
+    images = "img-src 'self'" if media_origin is None else f"img-src 'self' {media_origin}"
+    return "; ".join(
+        (
+            "default-src 'self'",
+            images,
+            "script-src 'self'",
+            "style-src 'self'",
+            "frame-ancestors 'none'",
+        )
     )
-)
 
 
 SIGN_IN = "/login"

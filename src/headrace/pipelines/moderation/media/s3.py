@@ -43,7 +43,7 @@ SIGNED_URL_LIFETIME = timedelta(minutes=5)
 CLIENT: ClientConfig = {"connect_timeout": "5s", "read_timeout": "60s", "timeout": "30m"}
 MAX_RETRIES = 3
 RETRY_TIMEOUT = timedelta(seconds=30)
-REASON = 300  # characters of the library's message kept in an error
+REASON = 400  # characters of the library's message kept in an error
 
 
 @dataclass(frozen=True)
@@ -201,10 +201,12 @@ async def _chunks(found: GetResult, key: str) -> AsyncIterator[bytes]:
 
 @contextlib.contextmanager
 def _translated(operation: str, key: str) -> Iterator[None]:
-    """The library's errors as MediaUnavailable (the first line of its message: the request
-    and the status, no credential: requests are signed in headers)."""
+    """The library's errors as MediaUnavailable, with its message on one line, up to its debug
+    dump: the request and the server's answer, no credential (requests are signed in headers).
+    A verb that expects an object to be missing catches FileNotFoundError first: one that
+    reaches here is a missing bucket."""
     try:
         yield
-    except BaseError as error:
-        reason = (str(error).splitlines() or [type(error).__name__])[0][:REASON]
-        raise MediaUnavailable(operation, key, reason) from error
+    except (BaseError, FileNotFoundError) as error:
+        said = " ".join(str(error).split("Debug source:")[0].split())
+        raise MediaUnavailable(operation, key, said[:REASON] or type(error).__name__) from error
