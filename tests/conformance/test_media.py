@@ -205,6 +205,29 @@ async def test_what_a_killed_attempt_left_half_written_goes_when_a_set_stands(
     assert len(await kept.keys(f"derived/{other}")) == 2  # another item's set is untouched
 
 
+async def test_a_set_reused_by_a_retry_goes_without_what_a_loser_left(
+    kept: Kept, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    media_id = new_id(kept)
+    first = await kept.media.derive_once(media_id, "derive", 1, writing({"preview.webp": b"1"}))
+    made = tmp_path / "late"  # an attempt that began before the set stood, and ends after
+    made.mkdir()
+    (made / "preview.webp").write_bytes(b"2")
+
+    async def killed_before_sweeping(where: str, standing: object) -> None:
+        raise Killed
+
+    with monkeypatch.context() as patch:
+        patch.setattr(kept.media, "_sweep", killed_before_sweeping)
+        with pytest.raises(Killed):  # it lost, and died before removing its objects
+            await kept.media.keep_derived(media_id, "derive", 1, made)
+    where = f"derived/{media_id}/derive.v1"
+    assert len(await kept.keys(where)) == 3
+    retry = await kept.media.derive_once(media_id, "derive", 1, writing({"preview.webp": b"3"}))
+    assert retry.prefix == first.prefix and not retry.created
+    assert await kept.keys(where) == sorted([f"{where}/manifest.json", first.key("preview.webp")])
+
+
 async def test_removal_deletes_originals_and_every_derivative_set(kept: Kept) -> None:
     blob = await kept.media.put_bytes(b"an original", limit=100)
     media_id, other = new_id(kept), new_id(kept)

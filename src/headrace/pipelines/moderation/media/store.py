@@ -218,9 +218,12 @@ class MediaStore:
     async def derive_once(self, media_id: str, stage: str, version: int, make: Make) -> Derived:
         """(media id, stage version)'s derivatives: those kept already, or what `make(into)`
         writes into a local scratch directory, kept as a new set unless another attempt's set
-        stood first (then that one is returned). Nothing of the scratch directory stays."""
+        stood first (then that one is returned). Nothing of the scratch directory stays, nor,
+        once a set stands, any other attempt's objects."""
         found = await self.derived(media_id, stage, version)
         if found is not None:
+            # The attempt that wrote it may have died before removing the others' objects.
+            await self._sweep(set_key(media_id, stage, version), found)
             return found
         async with self._scratch_directory() as made:
             await make(made)
