@@ -27,7 +27,7 @@ from rich.table import Table
 
 import headrace as hr
 from headrace.pipelines.moderation.burst import Burst, BurstReport, run_burst
-from headrace.pipelines.moderation.media import MediaStore
+from headrace.pipelines.moderation.media import open_media
 from headrace.pipelines.moderation.model import MEASURED, ModelWork, tiny_payloads
 from headrace.pipelines.moderation.pipeline import Admission, Moderation, Order
 from headrace.runtime.classes import DEFAULT_CLASSES
@@ -47,7 +47,7 @@ async def one(burst: Burst, order: Order) -> BurstReport:
         )
         moderation = Moderation(
             app,
-            MediaStore(scratch),
+            open_media(scratch),
             None,  # ModelWork scans nothing
             work=ModelWork(),
             order=order,

@@ -1,5 +1,6 @@
 """`headrace serve` in a subprocess on a free port, over an SQLite store in a scratch directory
-(or the store given), with a token of each role made by `headrace token create`."""
+(or the store given), with a token of each role made by `headrace token create`; `env`: more
+environment variables for it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +56,7 @@ def start(
     tokens: dict[str, str] | None = None,
     verbose: bool = False,
     store: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Server:
     db, media = tmp_path / "serve.db", tmp_path / "media"
     store = store or f"sqlite:///{db}"
@@ -62,9 +64,14 @@ def start(
     command = [sys.executable, "-m", "headrace", *(["-v"] if verbose else [])]
     command += ["serve", "--db", store, "--media", str(media)]
     command += ["--port", "0", *options]
-    env = environment({"HEADRACE_WEBHOOK_SECRETS": f"vidgen={WEBHOOK_SECRET}"})
+    variables = {"HEADRACE_WEBHOOK_SECRETS": f"vidgen={WEBHOOK_SECRET}", **(env or {})}
     process = subprocess.Popen(
-        command, cwd=ROOT, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
+        command,
+        cwd=ROOT,
+        env=environment(variables),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
     )
     assert process.stderr is not None
     log: list[str] = []
@@ -109,8 +116,9 @@ def serving(
     tokens: dict[str, str] | None = None,
     verbose: bool = False,
     store: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[Server]:
-    server = start(tmp_path, *options, tokens=tokens, verbose=verbose, store=store)
+    server = start(tmp_path, *options, tokens=tokens, verbose=verbose, store=store, env=env)
     try:
         yield server
     finally:

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from headrace.pipelines.moderation import samples
+from tests.objectstore import CREDENTIALS, ENDPOINT, fresh_bucket, keys_in, media_url, reachable
 
 from .commands import ROOT, environment, failure_line, headrace
 from .server import serving, start, stop
@@ -138,3 +139,79 @@ def test_token_commands_make_and_revoke_tokens(tmp_path: Path) -> None:
     with serving(tmp_path, tokens={}) as server, httpx.Client(base_url=server.url) as client:
         gone = client.get("/v1/stages", headers={"Authorization": f"Bearer {made.stdout.strip()}"})
         assert gone.status_code == 401
+
+
+def test_media_in_a_bucket_is_served_by_redirect_and_by_stream(tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"  # where the service spools uploads and decodes originals
+    scratch.mkdir()
+    env = {**CREDENTIALS, "TMPDIR": str(scratch)}
+    uploads = {"photo": samples.jpeg(640, 480), "clip": samples.mp4(1.0, 320, 240)}
+    with fresh_bucket() as bucket:
+        where = ("--media", media_url(bucket))
+        with (
+            serving(tmp_path, *where, env=env) as server,
+            httpx.Client(base_url=server.url, timeout=30) as client,
+        ):
+            ids = []
+            for name, data in uploads.items():
+                answer = client.post(
+                    "/v1/events/gala/uploads",
+                    headers=server.auth("uploader"),
+                    files={"file": (name, data)},
+                )
+                assert answer.status_code == 202, answer.text
+                ids.append(answer.json()["media_id"])
+            for media_id in ids:
+                wait_for_state(
+                    client, f"/v1/items/{media_id}", server.auth("moderator"), "reviewable"
+                )
+                redirect = client.get(
+                    f"/v1/items/{media_id}/preview", headers=server.auth("moderator")
+                )
+                assert redirect.status_code == 307, redirect.text
+                assert redirect.headers["cache-control"] == "private, no-store"
+                location = redirect.headers["location"]
+                assert location.startswith(f"{ENDPOINT}/{bucket}/media/derived/{media_id}/")
+                assert is_webp(httpx.get(location, timeout=30).content)
+        assert f"media s3://{bucket}/media at {ENDPOINT}" in "".join(server.log)
+        assert not any(
+            "X-Amz" in line or CREDENTIALS["AWS_SECRET_ACCESS_KEY"] in line for line in server.log
+        )
+        stream = ("--media-delivery", "stream")
+        with (
+            serving(tmp_path, *where, *stream, tokens=server.tokens, env=env) as again,
+            httpx.Client(base_url=again.url, timeout=30) as client,
+        ):
+            for media_id in ids:
+                streamed = client.get(
+                    f"/v1/items/{media_id}/preview", headers=again.auth("moderator")
+                )
+                assert streamed.status_code == 200 and is_webp(streamed.content)
+        kept = keys_in(bucket)
+    assert sum(1 for key in kept if key.startswith("media/blobs/")) == len(uploads)
+    assert sum(1 for key in kept if key.endswith("/manifest.json")) == len(uploads)
+    assert not server.media.exists()  # no local media directory was written
+    assert list(scratch.iterdir()) == []  # and nothing on the way stayed behind
+
+
+def is_webp(data: bytes) -> bool:
+    return data[:4] == b"RIFF" and data[8:12] == b"WEBP"
+
+
+@pytest.mark.parametrize(
+    ("media", "says"),
+    [
+        ("s3://Media", "--media: expected s3://BUCKET/PREFIX?endpoint="),
+        ("s3://media?acl=public", "--media: an s3:// URL takes the options"),
+        ("s3://media?endpoint=http://127.0.0.1:9", "--media s3://media/ at http://127.0.0.1:9:"),
+        (f"s3://no-such-bucket?endpoint={ENDPOINT}", "<Code>NoSuchBucket</Code>"),
+    ],
+)
+def test_a_media_store_that_cannot_be_used_is_one_line_naming_it(
+    tmp_path: Path, media: str, says: str
+) -> None:
+    if ENDPOINT in media:
+        reachable()
+    command = ("serve", "--db", str(tmp_path / "x.db"), "--media", media, "--port", "0")
+    done = headrace(*command, env=CREDENTIALS)  # given, so no instance role is looked for
+    assert says in failure_line(done)

@@ -19,7 +19,7 @@ from headrace.pipelines.moderation.pipeline import Admission, Moderation
 from headrace.pipelines.moderation.probe import DEFAULT_LIMITS
 from headrace.service.api.app import create_api
 from headrace.service.api.auth import Role, create_token
-from headrace.service.api.deps import LOGIN_COOKIE, ApiSettings
+from headrace.service.api.deps import LOGIN_COOKIE, ApiSettings, Delivery
 from headrace.service.api.webhooks import sign
 
 WEBHOOK_SECRET = "whsec-test-0123456789abcdef"
@@ -93,18 +93,26 @@ async def harness(
     declare: Callable[[hr.App], object] | None = None,
     url: str | None = None,
     allowed_hosts: tuple[str, ...] = (),
+    media: str | None = None,
+    delivery: Delivery = "redirect",
 ) -> AsyncIterator[Harness]:
     """`declare`: more stages on the moderation app, before the service opens it. `url`: the
-    store (an SQLite file in `tmp_path` unless given). The client sends `Host: test`."""
+    store (an SQLite file in `tmp_path` unless given). `media`: the media store (a directory in
+    `tmp_path` unless given), its previews delivered as `delivery` says. The client sends
+    `Host: test`."""
     moderation = make_moderation(
         url or f"sqlite:///{tmp_path / 'api.db'}",
-        str(tmp_path / "media"),
+        media or str(tmp_path / "media"),
         admission=admission,
         limits=SMALL_LIMITS,
     )
     if declare is not None:
         declare(moderation.app)
-    settings = ApiSettings(webhook_secrets={"vidgen": WEBHOOK_SECRET}, allowed_hosts=allowed_hosts)
+    settings = ApiSettings(
+        webhook_secrets={"vidgen": WEBHOOK_SECRET},
+        allowed_hosts=allowed_hosts,
+        media_delivery=delivery,
+    )
     api = create_api(moderation, settings)
     async with api.router.lifespan_context(api):
         store = moderation.app.store

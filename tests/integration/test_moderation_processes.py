@@ -63,9 +63,8 @@ def test_a_worker_killed_during_derive_leaves_one_derivative_set_per_item(
     derived = tmp_path / "media" / "derived"
 
     def sets_in_place() -> int:
-        return (
-            sum(1 for d in derived.glob(f"*/derive.v{DERIVE_VERSION}")) if derived.exists() else 0
-        )
+        manifests = derived.glob(f"*/derive.v{DERIVE_VERSION}/manifest.json")
+        return sum(1 for _ in manifests) if derived.exists() else 0
 
     # Each derive holds its finished set for 30 s before its outcome: the first set in place
     # means the worker is between writing and acknowledging.
@@ -88,6 +87,8 @@ def test_a_worker_killed_during_derive_leaves_one_derivative_set_per_item(
     for media_id in media_ids:  # and nothing half written left beside it
         sets = [p.name for p in (derived / media_id).iterdir()]
         assert sets == [f"derive.v{DERIVE_VERSION}"], media_id
+        kept = sorted(p.name for p in (derived / media_id / sets[0]).iterdir())
+        assert len(kept) == 2 and kept[0].startswith("attempt-") and kept[1] == "manifest.json"
     assert asyncio.run(states()) == {ItemState.REVIEWABLE}
     history = read(tmp_path / "moderation.db", everything)
     derives = [(task, runs) for task, runs in history if ".derive." in task.kind]

@@ -11,7 +11,7 @@ import pytest
 
 import headrace as hr
 from headrace.pipelines.moderation.burst import Burst, BurstReport, jain_index, run_burst
-from headrace.pipelines.moderation.media import MediaStore
+from headrace.pipelines.moderation.media import open_media
 from headrace.pipelines.moderation.model import ModelWork, tiny_payloads
 from headrace.pipelines.moderation.pipeline import Moderation, Order
 from headrace.runtime.classes import DEFAULT_CLASSES
@@ -23,7 +23,7 @@ BURST = Burst(crowd_sessions=6, crowd_photos=5, heavy_photos=30, latecomers=3, v
 
 async def replay(tmp_path: Path, burst: Burst, order: Order) -> BurstReport:
     app = hr.App("memory://")
-    moderation = Moderation(app, MediaStore(tmp_path / order), None, work=ModelWork(), order=order)
+    moderation = Moderation(app, open_media(tmp_path / order), None, work=ModelWork(), order=order)
     async with app:
         slots = sum(DEFAULT_CLASSES.values()) if order == "fifo" else None
         return await run_burst(moderation, burst, tiny_payloads(), slots=slots)

@@ -10,7 +10,7 @@ import pytest
 
 import headrace as hr
 from headrace.pipelines.moderation import samples
-from headrace.pipelines.moderation.media import MediaStore
+from headrace.pipelines.moderation.media import DirectoryBackend, MediaStore, open_media
 from headrace.pipelines.moderation.pipeline import (
     DERIVE_VERSION,
     Admission,
@@ -48,7 +48,8 @@ async def test_every_sample_ends_where_a_moderator_expects_it(
     media_samples: dict[str, Path], tmp_path: Path
 ) -> None:
     app = hr.App("memory://")
-    media = MediaStore(tmp_path / "media")
+    files = DirectoryBackend(tmp_path / "media")
+    media = MediaStore(files)
     moderation = Moderation(app, media, BuiltinScanner())
     infected = samples.jpeg() + samples.eicar()  # a photo that carries the test virus
     async with app:
@@ -71,33 +72,38 @@ async def test_every_sample_ends_where_a_moderator_expects_it(
             if state is ItemState.REFUSED:  # its validate task is dead with the same safe code
                 assert dead[record.media_id].error_code == reason
             if state is ItemState.REVIEWABLE:
-                assert record.derived == f"derived/{record.media_id}/derive.v{DERIVE_VERSION}"
-                assert (media.root / record.derived / "metadata.json").is_file()
+                where = f"derived/{record.media_id}/derive.v{DERIVE_VERSION}/attempt-"
+                assert record.derived is not None and record.derived.startswith(where)
+                assert (files.root / record.derived / "metadata.json").is_file()
         quarantined = await moderation.records.get(items["infected.jpg"].media_id)
         assert (quarantined.state, quarantined.reason) == (ItemState.QUARANTINED, EICAR_NAME)
-    assert media.derived(quarantined.media_id, "derive", DERIVE_VERSION) is None  # never derived
+        assert await media.derived(quarantined.media_id, "derive", DERIVE_VERSION) is None
 
 
 async def test_a_derive_run_again_reuses_what_the_first_made(
     media_samples: dict[str, Path], tmp_path: Path
 ) -> None:
     app = hr.App("memory://")
-    media = MediaStore(tmp_path / "media")
+    files = DirectoryBackend(tmp_path / "media")
+    media = MediaStore(files)
     moderation = Moderation(app, media, BuiltinScanner())
     async with app:
         with media_samples["photo.jpg"].open("rb") as upload:
             item = await moderation.accept(upload, event="gala", session="s1")
         await moderation.submit(item)
         await hr.Worker(app).drain()
-        made = media.derived(item.media_id, "derive", DERIVE_VERSION)
+        made = await media.derived(item.media_id, "derive", DERIVE_VERSION)
         assert made is not None
-        before = {p.name: p.stat().st_mtime_ns for p in made.path.iterdir()}
+        before = {p.name: p.stat().st_mtime_ns for p in (files.root / made.prefix).iterdir()}
         # The same stage again, as after a worker died before its outcome was written.
         await app.definition(await derive_stage_of(moderation, item.media_id)).submit(item.media_id)
         await hr.Worker(app).drain()
-    after = {p.name: p.stat().st_mtime_ns for p in made.path.iterdir()}
+        assert (await moderation.records.get(item.media_id)).derived == made.prefix
+    after = {p.name: p.stat().st_mtime_ns for p in (files.root / made.prefix).iterdir()}
     assert after == before
-    assert [p.name for p in (media.root / "derived" / item.media_id).iterdir()] == ["derive.v1"]
+    assert [p.name for p in (files.root / "derived" / item.media_id).iterdir()] == ["derive.v1"]
+    kept = sorted(p.name for p in (files.root / "derived" / item.media_id / "derive.v1").iterdir())
+    assert kept == sorted([made.prefix.rsplit("/", 1)[1], "manifest.json"])
 
 
 async def derive_stage_of(moderation: Moderation, media_id: str) -> str:
@@ -108,7 +114,7 @@ async def derive_stage_of(moderation: Moderation, media_id: str) -> str:
 
 @pytest.mark.parametrize("bad", ["", "a/b", "../x", "x" * 65])
 async def test_events_and_sessions_are_labels_not_paths(bad: str, tmp_path: Path) -> None:
-    moderation = Moderation(hr.App("memory://"), MediaStore(tmp_path), BuiltinScanner())
+    moderation = Moderation(hr.App("memory://"), open_media(tmp_path), BuiltinScanner())
     with pytest.raises(ConfigError, match="event"):
         await moderation.accept(io.BytesIO(b"x"), event=bad, session="s1")
     with pytest.raises(ConfigError, match="session"):
@@ -119,7 +125,7 @@ async def test_an_upload_waits_in_the_class_its_first_bytes_announce(
     media_samples: dict[str, Path], tmp_path: Path
 ) -> None:
     app = hr.App("memory://")
-    moderation = Moderation(app, MediaStore(tmp_path), BuiltinScanner())
+    moderation = Moderation(app, open_media(tmp_path), BuiltinScanner())
     queued = {}
     async with app:
         for name in ("photo.jpg", "clip.mp4", "song.mp3", "lying-extension.jpg", "eicar.txt"):
@@ -140,7 +146,7 @@ async def test_admission_caps_waiting_uploads_per_session_and_per_event(
 ) -> None:
     app = hr.App("memory://")
     admission = Admission(per_event=3, per_session=2)
-    moderation = Moderation(app, MediaStore(tmp_path), BuiltinScanner(), admission=admission)
+    moderation = Moderation(app, open_media(tmp_path), BuiltinScanner(), admission=admission)
     photo = media_samples["photo.jpg"].read_bytes()
 
     async def upload(session: str) -> Item:
@@ -172,7 +178,7 @@ async def test_an_item_is_processing_while_a_stage_runs_on_it(
     media_samples: dict[str, Path], tmp_path: Path
 ) -> None:
     app = hr.App("memory://")
-    moderation = Moderation(app, MediaStore(tmp_path), BuiltinScanner())
+    moderation = Moderation(app, open_media(tmp_path), BuiltinScanner())
     async with app:
         with media_samples["photo.jpg"].open("rb") as upload:
             item = await moderation.accept(upload, event="gala", session="s1")
@@ -187,7 +193,7 @@ async def test_a_staff_upload_carries_its_weight_and_an_audit_row(
     media_samples: dict[str, Path], tmp_path: Path
 ) -> None:
     app = hr.App("memory://")
-    moderation = Moderation(app, MediaStore(tmp_path), BuiltinScanner())
+    moderation = Moderation(app, open_media(tmp_path), BuiltinScanner())
     staff = Staff(weight=4, by="organiser", reason="official photographer")
     async with app:
         with media_samples["photo.jpg"].open("rb") as upload:
@@ -226,7 +232,7 @@ async def test_two_decisions_on_one_item_converge_and_both_are_audited(
     media_samples: dict[str, Path], tmp_path: Path
 ) -> None:
     app = hr.App("memory://")
-    moderation = Moderation(app, MediaStore(tmp_path), BuiltinScanner())
+    moderation = Moderation(app, open_media(tmp_path), BuiltinScanner())
     async with app:
         with media_samples["photo.jpg"].open("rb") as upload:
             item = await moderation.accept(upload, event="gala", session="s1")
@@ -252,7 +258,7 @@ async def test_two_decisions_on_one_item_converge_and_both_are_audited(
 
 async def test_an_image_with_a_payload_appended_is_kept_whole_and_flagged(tmp_path: Path) -> None:
     app = hr.App("memory://")
-    media = MediaStore(tmp_path / "media")
+    media = open_media(tmp_path / "media")
     moderation = Moderation(app, media, BuiltinScanner())
     uploads = {
         "jpeg-html": samples.polyglot(samples.jpeg(gps=False)),
@@ -271,12 +277,13 @@ async def test_an_image_with_a_payload_appended_is_kept_whole_and_flagged(tmp_pa
             item = await moderation.records.get(items[name].media_id)
             assert item.state is ItemState.REVIEWABLE, name
             assert item.flags == (() if name == "plain" else ("media.trailing_data",)), name
-            assert media.blob_path(item.digest).read_bytes() == data  # kept as received
+            async with media.original(item.digest) as original:
+                assert original.read_bytes() == data  # kept as received
 
 
 async def test_the_decode_memory_is_estimated_from_headers_at_accept(tmp_path: Path) -> None:
     app = hr.App("memory://")
-    moderation = Moderation(app, MediaStore(tmp_path / "media"), BuiltinScanner())
+    moderation = Moderation(app, open_media(tmp_path / "media"), BuiltinScanner())
     async with app:
         small = await moderation.accept_bytes(samples.jpeg(640, 480), event="gala", session="s")
         tall = await moderation.accept_bytes(
@@ -293,7 +300,8 @@ async def test_a_refused_original_is_deleted_and_one_another_item_needs_is_kept(
     tmp_path: Path,
 ) -> None:
     app = hr.App("memory://")
-    media = MediaStore(tmp_path / "media")
+    files = DirectoryBackend(tmp_path / "media")
+    media = MediaStore(files)
     moderation = Moderation(app, media, BuiltinScanner())
     refused = samples.truncated_jpeg()
     shared = samples.png_bomb(13_000)  # too large: refused by both of its uploads...
@@ -305,25 +313,10 @@ async def test_a_refused_original_is_deleted_and_one_another_item_needs_is_kept(
         await moderation.submit(first)
         await hr.Worker(app).drain(fail_fast=False)
         assert (await moderation.records.get(alone.media_id)).state is ItemState.REFUSED
-        assert not media.has_blob(alone.digest)
-        assert media.has_blob(second.digest)  # ...the second still waits for validation
+        assert not await media.has_blob(alone.digest)
+        assert await media.has_blob(second.digest)  # ...the second still waits for validation
         await moderation.submit(second)
         await hr.Worker(app).drain(fail_fast=False)
         assert (await moderation.records.get(second.media_id)).reason == "media.too_large"
-        assert not media.has_blob(second.digest)  # no item needs it now
-    assert not [p for p in (media.root / "blobs").rglob("*") if p.is_file()]
-
-
-def test_a_blob_taken_for_deletion_is_put_back_or_yields_to_a_new_copy(tmp_path: Path) -> None:
-    media = MediaStore(tmp_path)
-    blob = media.put_bytes(b"shared bytes", limit=100)
-    taken = media.take_blob(blob.digest)
-    assert taken is not None and not media.has_blob(blob.digest)
-    media.settle_blob(blob.digest, taken, keep=True)  # a record named it meanwhile
-    assert media.blob_path(blob.digest).read_bytes() == b"shared bytes"
-    taken = media.take_blob(blob.digest)
-    assert taken is not None
-    media.put_bytes(b"shared bytes", limit=100)  # an upload of the same bytes, just then
-    media.settle_blob(blob.digest, taken, keep=False)
-    assert media.has_blob(blob.digest)  # the upload's own copy stands
-    assert media.take_blob("0" * 64) is None
+        assert not await media.has_blob(second.digest)  # no item needs it now
+    assert not [p for p in (files.root / "blobs").rglob("*") if p.is_file()]

@@ -21,6 +21,7 @@ from rich.console import Console
 
 from headrace.pipelines.moderation.burst import Burst
 from headrace.pipelines.moderation.deploy import make_moderation
+from headrace.pipelines.moderation.media import MediaStore, MediaUnavailable
 from headrace.pipelines.moderation.pipeline import Admission
 from headrace.pipelines.moderation.scan import ClamdScanner
 from headrace.pipelines.providersim import parse_inject, parse_quotas, parse_spreads, run_server
@@ -32,12 +33,12 @@ from headrace.runtime.memory import DEFAULT_MEMORY, MIB, parse_size
 from headrace.runtime.worker import Worker
 from headrace.service import logs, status, tasks
 from headrace.service.api.auth import Role, create_token, revoke_token
-from headrace.service.api.deps import ApiSettings, host_names
+from headrace.service.api.deps import ApiSettings, Delivery, host_names
 from headrace.service.apps import require_existing, resolve, store_url
 from headrace.service.demo import DemoOptions, run_demo
 from headrace.service.dlq import dead_letters, letters_table
 from headrace.service.dlq import show as show_task
-from headrace.service.failures import CommandGroup, WrongInput, use_store
+from headrace.service.failures import CommandFailed, CommandGroup, WrongInput, use_store
 from headrace.service.moderation_demo import ModerationDemoOptions, run_moderation_demo
 from headrace.service.notify import OutboxRelay
 from headrace.service.serve import ServeOptions, webhook_secrets
@@ -425,8 +426,20 @@ async def _serve(runner: Worker, target: str) -> None:
     show_envvar=True,
     default="headrace-media",
     show_default=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="The media directory (every process of a deployment shares it).",
+    metavar="DIR|URL",
+    help="Where uploads and previews are kept, shared by every process of a deployment: a "
+    "directory (or file:///DIR), or s3://BUCKET/PREFIX?endpoint=URL&region=NAME&path_style="
+    "true|false with credentials in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.",
+)
+@click.option(
+    "--media-delivery",
+    type=click.Choice(["redirect", "stream"]),
+    default="redirect",
+    show_default=True,
+    envvar="HEADRACE_MEDIA_DELIVERY",
+    show_envvar=True,
+    help="How a preview kept in a bucket reaches the browser: a redirect to a URL signed for "
+    "five minutes, or streamed through this service.",
 )
 @click.option("--clamd", envvar="HEADRACE_CLAMD", show_envvar=True, metavar="SOCKET|HOST:PORT")
 @click.option("--host", default="127.0.0.1", show_default=True)
@@ -477,7 +490,8 @@ async def _serve(runner: Worker, target: str) -> None:
 @memory_option
 def serve(
     db: str | None,
-    media: Path,
+    media: str,
+    media_delivery: Delivery,
     clamd: str | None,
     host: str,
     port: int,
@@ -500,16 +514,29 @@ def serve(
         relay = OutboxRelay(notify_url, notify_secret)
     admission = Admission(per_event=per_event, per_session=per_session, stage_bound=stage_bound)
     url = store_url(db) if db else None
-    moderation = make_moderation(url, str(media), clamd, admission=admission)
+    moderation = make_moderation(url, media, clamd, admission=admission)
     use_store(moderation.app.url)
+    check_media(moderation.media)
     if clamd is not None and not ClamdScanner(clamd).ping():
         raise WrongInput(f"--clamd {clamd}: no clamd answers there; start clamd or leave it out")
     settings = ApiSettings(
         webhook_secrets=webhook_secrets(webhook_secret),
         secure_cookies=secure_cookies,
         allowed_hosts=allowed_hosts,
+        media_delivery=media_delivery,
     )
     serve_api(moderation, ServeOptions(host, port, workers, settings, relay, memory))
+
+
+def check_media(media: MediaStore) -> None:
+    """Fail in one line, before serving, when the media store cannot be used."""
+    try:
+        asyncio.run(media.check())
+    except MediaUnavailable as error:
+        raise CommandFailed(
+            f"--media {media.describe()}: {error.reason}; check the endpoint, the bucket and "
+            "the credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)"
+        ) from None
 
 
 @main.group(cls=CommandGroup)

@@ -18,7 +18,7 @@ from rich.table import Table
 import headrace as hr
 from headrace.pipelines.moderation import samples
 from headrace.pipelines.moderation.burst import VIDEO, VOICE, Burst, BurstReport, run_burst
-from headrace.pipelines.moderation.media import MediaStore
+from headrace.pipelines.moderation.media import open_media
 from headrace.pipelines.moderation.pipeline import Admission, Moderation, Order, Staff, derive_stage
 from headrace.pipelines.moderation.probe import MediaClass
 from headrace.pipelines.moderation.scan import BuiltinScanner, Scanner
@@ -102,7 +102,7 @@ async def _run_once(
     app = hr.App(f"sqlite:///{scratch / 'moderation.db'}")
     moderation = Moderation(
         app,
-        MediaStore(scratch / "media"),
+        open_media(scratch / "media"),
         options.scanner or BuiltinScanner(),
         admission=options.admission,
         order=order,

@@ -91,7 +91,7 @@ def serve(moderation: Moderation, options: ServeOptions) -> None:
         "serving %s: store %s, media %s, %d worker%s in this process",
         where,
         hide_passwords(app.url),
-        moderation.media.root,
+        moderation.media.describe(),
         options.workers,
         "" if options.workers == 1 else "s",
     )

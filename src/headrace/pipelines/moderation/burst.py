@@ -332,7 +332,7 @@ async def _report(
                     validate_starts[entry.upload.session].append(attempt.started_at - offset)
             if _ended(task):
                 finished = (task.finished_at or 0.0) - offset
-        sets = _derive_sets(moderation, item.media_id)
+        sets = await moderation.media.derivative_sets(item.media_id)
         traces.append(
             ItemTrace(
                 item.media_id,
@@ -362,13 +362,6 @@ async def _store_offset(store: Store, start: float) -> float:
     loop = asyncio.get_running_loop()
     now: float = await store.now()
     return now - (loop.time() - start)
-
-
-def _derive_sets(moderation: Moderation, media_id: str) -> int:
-    root = moderation.media.root / "derived" / media_id
-    return (
-        sum(1 for path in root.iterdir() if not path.name.startswith(".")) if root.is_dir() else 0
-    )
 
 
 def _summarise(

@@ -4,7 +4,7 @@ frame, a short low-resolution preview and its metadata; for audio its duration a
 Everything is written as WebP (images) or MP4 (the video preview) with no metadata carried over:
 no EXIF, so no GPS position, camera serial or capture time leaves the original. The functions
 are plain CPU work over files: the pipeline runs them in a decoding child (`isolate`). Each
-writes into the directory it is given (`MediaStore.deriving`) and returns the metadata it found.
+writes into the directory it is given (`MediaStore.derive_once`) and returns the metadata it found.
 
 A photo's preview is made by libvips' `thumbnail` (see `probe` for why libvips): it shrinks while
 it loads (a JPEG at 1/2 to 1/8 scale in libjpeg, a PNG row by row), turns the picture upright by

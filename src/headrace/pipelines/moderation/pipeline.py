@@ -2,10 +2,10 @@
 reviewable, with an item quarantined when the scan finds something and refused (its task dead
 with a safe code) when validation does.
 
-An upload is accepted once its bytes are kept (`MediaStore.put`) and its item's record is written;
-then its validate task is submitted, in the upload's event (the task's group) and contributor
-session (its flow: sessions share the stages fairly; a staff upload may carry a weight, written
-to the audit log). Every stage runs once per class (`moderation.validate.image`,
+An upload is accepted once its bytes are kept (`MediaStore.writer`) and its item's record is
+written; then its validate task is submitted, in the upload's event (the task's group) and
+contributor session (its flow: sessions share the stages fairly; a staff upload may carry a
+weight, written to the audit log). Every stage runs once per class (`moderation.validate.image`,
 `moderation.scan.video`, ...), declared with the class as its cost class, so a worker's video
 slots take only videos and a queue of videos never holds photos back: an upload waits for
 validation in the class its first bytes announce (`sniff`); validation decodes it and decides.
@@ -34,13 +34,14 @@ the same bytes (`Moderation._release_original`).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import io
 import json
 import re
-import shutil
 from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, Protocol, TypeVar
@@ -156,7 +157,7 @@ class Item:
     media_class: str | None = None
     format: str | None = None
     reason: str | None = None  # a safe code, or the name of what the scan found
-    derived: str | None = None  # the derivatives' directory, relative to the media root
+    derived: str | None = None  # the key prefix of its derivative set in the media store
     metadata: Mapping[str, object] | None = None
     caption: str | None = None  # the contributor's words: shown to moderators, never logged
     memory: int | None = None  # decoding's estimated peak bytes, from headers (None: unreadable)
@@ -321,10 +322,18 @@ class Moderation:
         are the first upload's)."""
         check_label(event, "event")
         check_label(session, "session")
-        blob = await off_loop(self.media.put, source, limit=self.max_bytes)
-        return await self.accept_blob(
-            blob, event=event, session=session, staff=staff, media_id=media_id, caption=caption
-        )
+        async with self.media.writer(limit=self.max_bytes) as writer:
+            await off_loop(writer.write_from, source)
+            blob = await writer.keep()
+            return await self.accept_blob(
+                blob,
+                event=event,
+                session=session,
+                staff=staff,
+                media_id=media_id,
+                caption=caption,
+                local=writer.path,
+            )
 
     @property
     def max_bytes(self) -> int:
@@ -340,15 +349,19 @@ class Moderation:
         staff: Staff | None = None,
         media_id: str | None = None,
         caption: str | None = None,
+        local: Path | None = None,
     ) -> Item:
-        """`accept` for bytes kept already (`MediaStore.writer`, as an upload streams in)."""
+        """`accept` for bytes kept already (`MediaStore.writer`, as an upload streams in);
+        `local`: a local file with the same bytes (the writer's), read instead of fetching
+        the original from the media store."""
         check_label(event, "event")
         check_label(session, "session")
         if media_id is not None:
             check_media_id(media_id)
         check_caption(caption)
-        path = self.media.blob_path(blob.digest)
-        queued_as = await off_loop(sniff, path) or MediaClass.IMAGE
+        async with self._readable(blob.digest, local) as path:
+            queued_as = await off_loop(sniff, path) or MediaClass.IMAGE
+            memory = await self.work.estimate(path)
         item = Item(
             media_id or self.media.new_media_id(),
             event,
@@ -358,7 +371,7 @@ class Moderation:
             queued_as=queued_as.value,
             weight=1.0 if staff is None else float(staff.weight),
             caption=caption,
-            memory=await self.work.estimate(path),
+            memory=memory,
         )
         audit = None
         if staff is not None:
@@ -368,9 +381,13 @@ class Moderation:
         # A refused item of the same bytes may have deleted them between their keeping and
         # this record: its deleter re-checks records after taking the file away, so from here
         # on they stay, and if they are gone already the client sends them again.
-        if not await off_loop(self.media.has_blob, kept.digest):
+        if not await self.media.has_blob(kept.digest):
             raise OriginalGone(kept.media_id)
         return kept
+
+    def _readable(self, digest: str, local: Path | None) -> AbstractAsyncContextManager[Path]:
+        """The original as a local file: `local` when given, else fetched for the block."""
+        return contextlib.nullcontext(local) if local is not None else self.media.original(digest)
 
     async def receive(
         self,
@@ -380,13 +397,15 @@ class Moderation:
         session: str,
         media_id: str | None = None,
         caption: str | None = None,
+        local: Path | None = None,
     ) -> Item:
-        """An upload as a client sends it, its bytes kept: its record written and its
-        validation queued, once however often it is sent under one `media_id`. Raises
-        UploadConflict when that media id names other content, and QueueFull when admission
-        is full (the item is then `declined`, until it is sent again)."""
+        """An upload as a client sends it, its bytes kept (and in the local file `local`, when
+        given): its record written and its validation queued, once however often it is sent
+        under one `media_id`. Raises UploadConflict when that media id names other content,
+        and QueueFull when admission is full (the item is then `declined`, until it is sent
+        again)."""
         item = await self.accept_blob(
-            blob, event=event, session=session, media_id=media_id, caption=caption
+            blob, event=event, session=session, media_id=media_id, caption=caption, local=local
         )
         for field, first, now in (
             ("event", item.event, event),
@@ -479,7 +498,8 @@ class Moderation:
         async def validate(ctx: hr.Context, media_id: str) -> None:
             item = await records.get(media_id)
             try:
-                found = await work.probe(self.media.blob_path(item.digest))
+                async with self.media.original(item.digest) as original:
+                    found = await work.probe(original)
             except Refused as refused:
                 await records.write(media_id, state=ItemState.REFUSED, reason=refused.code)
                 await self._release_original(item)
@@ -507,7 +527,8 @@ class Moderation:
         async def scan(ctx: hr.Context, media_id: str) -> None:
             item = await records.get(media_id)
             try:
-                verdict = await work.scan(self.media.blob_path(item.digest))
+                async with self.media.original(item.digest) as original:
+                    verdict = await work.scan(original)
             except ScanUnavailable as error:
                 raise hr.Transient(str(error), code="scan.unavailable") from None
             if verdict.infected:
@@ -530,18 +551,19 @@ class Moderation:
             await records.write(
                 media_id,
                 state=ItemState.REVIEWABLE,
-                derived=str(made.path.relative_to(self.media.root)),
-                metadata=json.loads(made.file(METADATA).read_text()),
+                derived=made.prefix,
+                metadata=json.loads(await self.media.read_derived(made, METADATA)),
             )
 
     async def _release_original(self, item: Item) -> None:
         """Delete a refused item's original unless another item that is not refused names the
-        same digest. Safe against an upload of the same bytes at that moment: the file is first
-        taken out of its place (renamed), then the records are read; an upload whose record was
-        written before that read is seen and the file is put back, and one whose record comes
-        after finds the file missing (`OriginalGone`) or, renamed in after the taking, its own
-        copy in place, which the deletion does not touch."""
-        taken = await off_loop(self.media.take_blob, item.digest)
+        same digest. Safe against an upload of the same bytes at that moment: the original is
+        first taken out of its place (moved), then the records are read; an upload whose record
+        was written before that read is seen and the original is put back, and one whose record
+        comes after finds it missing (`OriginalGone`) or, kept after the taking, its own copy
+        in place, which the deletion does not touch. On a bucket a move is a copy and a delete:
+        the records are read after the delete, so the same holds."""
+        taken = await self.media.take_blob(item.digest)
         if taken is None:
             return
         needed = any(
@@ -549,21 +571,17 @@ class Moderation:
             for other in await self.records.all()
             if other.media_id != item.media_id
         )
-        await off_loop(self.media.settle_blob, item.digest, taken, keep=needed)
+        await self.media.settle_blob(item.digest, taken, keep=needed)
 
     async def _derivatives(self, item: Item) -> Derived:
         """(media id, stage version)'s derivatives: made once, reused by every later attempt
         (a worker that died after making them, a racing second attempt)."""
-        made = await off_loop(self.media.begin_deriving, item.media_id, "derive", DERIVE_VERSION)
-        if not made.created:
-            return made
-        try:
-            await self.work.derive(self.media.blob_path(item.digest), made.path)
-            return await off_loop(
-                self.media.finish_deriving, made, item.media_id, "derive", DERIVE_VERSION
-            )
-        finally:
-            await off_loop(shutil.rmtree, made.path, ignore_errors=True)
+
+        async def make(into: Path) -> None:
+            async with self.media.original(item.digest) as original:
+                await self.work.derive(original, into)
+
+        return await self.media.derive_once(item.media_id, "derive", DERIVE_VERSION, make)
 
 
 class MediaWork(Protocol):

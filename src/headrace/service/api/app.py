@@ -30,6 +30,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from swagger_ui_bundle import swagger_ui_path
 
+from headrace.pipelines.moderation.media import MediaUnavailable
 from headrace.pipelines.moderation.pipeline import Moderation
 from headrace.policy.errors import ConfigError, StoreUnavailable
 from headrace.runtime.worker import Worker
@@ -64,6 +65,8 @@ def create_api(
     @asynccontextmanager
     async def lifespan(api: FastAPI) -> AsyncIterator[None]:
         async with moderation.app:
+            if service.settings.media_delivery == "redirect":
+                service.media_origin = await moderation.media.signing_origin()
             running = [asyncio.create_task(worker.run()) for worker in workers]
             relaying = (
                 None if relay is None else asyncio.create_task(relay.run(moderation.app.store))
@@ -172,6 +175,13 @@ def _add_error_handlers(api: FastAPI) -> None:
     @api.exception_handler(StoreUnavailable)
     async def on_store(request: Request, error: StoreUnavailable) -> Response:
         busy = ApiError(503, "unavailable", "the store cannot be reached: retry shortly")
+        busy.headers["Retry-After"] = "2"
+        return error_response(busy)
+
+    @api.exception_handler(MediaUnavailable)
+    async def on_media(request: Request, error: MediaUnavailable) -> Response:
+        log.warning("media store: %s failed: %s", error.operation, error.reason)
+        busy = ApiError(503, "unavailable", "the media store cannot be reached: retry shortly")
         busy.headers["Retry-After"] = "2"
         return error_response(busy)
 

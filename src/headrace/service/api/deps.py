@@ -9,7 +9,7 @@ import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_args
 
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
@@ -24,6 +24,7 @@ from headrace.store.base import Store
 from headrace.store.records import Audit
 
 LOGIN_COOKIE = "headrace_login"
+Delivery = Literal["redirect", "stream"]
 
 
 @dataclass(frozen=True)
@@ -32,13 +33,16 @@ class ApiSettings:
     named here is refused. `webhook_window`: seconds a signed timestamp stays acceptable.
     `retry_after`: seconds a client told 429 waits. `secure_cookies`: cookies only over HTTPS
     (on behind a TLS proxy; off for plain http on localhost). `allowed_hosts`: the names the
-    service answers for, on any port (`host_names`); empty, any."""
+    service answers for, on any port (`host_names`); empty, any. `media_delivery`: how a
+    preview kept in a bucket reaches the browser, by a redirect to a URL signed for that
+    request or streamed through the service (a directory's previews are files it sends)."""
 
     webhook_secrets: Mapping[str, str] = field(default_factory=dict)
     webhook_window: float = 300.0
     retry_after: int = 2
     secure_cookies: bool = False
     allowed_hosts: tuple[str, ...] = ()
+    media_delivery: Delivery = "redirect"
 
     def __post_init__(self) -> None:
         # Kept in the form requests are compared in: lowercase, an IPv6 address unbracketed.
@@ -47,6 +51,8 @@ class ApiSettings:
             raise ConfigError("webhook_window: expected 0 < seconds <= 3600")
         if not 0 < self.retry_after <= 3600:
             raise ConfigError("retry_after: expected 1 to 3600 seconds")
+        if self.media_delivery not in get_args(Delivery):
+            raise ConfigError("media_delivery: expected 'redirect' or 'stream'")
         for provider, secret in self.webhook_secrets.items():
             if len(secret) < 16:
                 raise ConfigError(f"webhook secret of {provider!r}: expected 16 characters or more")
@@ -87,6 +93,9 @@ def _is_host(host: str) -> bool:
 class Service:
     moderation: Moderation
     settings: ApiSettings
+    # Where previews are redirected to (a page must allow its images from there), read from
+    # the media store as the service starts; None: previews come from the service itself.
+    media_origin: str | None = None
 
     @property
     def store(self) -> Store:

@@ -1,15 +1,21 @@
 """Items for moderators: an event's items in a stable order, one item, its preview, its audit
-trail, and the decision (`approve`, `reject`: idempotent; the first decision stands)."""
+trail, and the decision (`approve`, `reject`: idempotent; the first decision stands).
+
+A preview kept in a directory is a file the service sends. One kept in a bucket reaches the
+browser as `--media-delivery` says: `redirect` (307 to a URL signed for that request, valid a
+few minutes, never stored or logged; the redirect itself `Cache-Control: private, no-store`),
+or `stream` (through the service, as it arrives from the bucket)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
-from fastapi.responses import FileResponse
+from fastapi import APIRouter, Path, Query, Response
+from fastapi.responses import FileResponse, RedirectResponse, StreamingResponse
 from pydantic import BaseModel
 
 from headrace.pipelines.moderation.derive import POSTER, PREVIEW, THUMBNAIL, WAVEFORM
+from headrace.pipelines.moderation.media import LocalFile, Served, SignedUrl
 from headrace.pipelines.moderation.pipeline import ITEM, Item, ItemState
 from headrace.policy.errors import ConfigError
 from headrace.service.api.auth import Principal, Role
@@ -127,28 +133,48 @@ async def get_item(media_id: MediaId, svc: TheService, who: Caller) -> ItemView:
 
 @router.get(
     "/v1/items/{media_id}/preview",
-    response_class=FileResponse,
+    response_class=Response,
     summary="An item's preview (WebP)",
-    responses={200: {"content": {"image/webp": {}}}, 404: {"description": "none yet"}},
+    responses={
+        200: {"content": {"image/webp": {}}},
+        307: {"description": "fetch it from the media store, by a URL valid a few minutes"},
+        404: {"description": "none yet"},
+    },
 )
 async def preview(
     media_id: MediaId,
     svc: TheService,
     who: Caller,
     size: Annotated[str, Query(pattern="^(large|small)$")] = "large",
-) -> FileResponse:
+) -> Response:
     item = await visible_item(svc, who, media_id, "read")
-    return preview_file(svc, item, small=size == "small")
+    return await preview_answer(svc, item, small=size == "small")
 
 
-def preview_file(svc: Service, item: Item, *, small: bool) -> FileResponse:
+async def preview_answer(svc: Service, item: Item, *, small: bool) -> Response:
+    """An item's preview (`small`: the one lists show) as `--media-delivery` says."""
     names = PREVIEWS.get(item.media_class or "")
     if item.derived is None or names is None:
         raise not_found("preview")
-    path = svc.moderation.media.root / item.derived / names[small]
-    if not path.is_file():
+    served = await svc.moderation.media.preview(
+        item.derived, names[small], signed=svc.settings.media_delivery == "redirect"
+    )
+    return preview_response(served)
+
+
+def preview_response(served: Served | None) -> Response:
+    if served is None:
         raise not_found("preview")
-    return FileResponse(path, media_type="image/webp", headers={"Cache-Control": "private"})
+    if isinstance(served, LocalFile):
+        return FileResponse(served.path, media_type="image/webp", headers=PRIVATE)
+    if isinstance(served, SignedUrl):
+        # A signed URL is a credential for its minutes: no cache keeps the redirect.
+        return RedirectResponse(served.url, 307, headers={"Cache-Control": "private, no-store"})
+    headers = {**PRIVATE, "Content-Length": str(served.size)}
+    return StreamingResponse(served.chunks, media_type="image/webp", headers=headers)
+
+
+PRIVATE = {"Cache-Control": "private"}
 
 
 @router.get(

@@ -36,7 +36,7 @@ from headrace.service.api.deps import (
     deny,
     service,
 )
-from headrace.service.api.items import ItemView, preview_file, view
+from headrace.service.api.items import ItemView, preview_answer, view
 from headrace.service.api.uploads import Event
 
 router = APIRouter(include_in_schema=False)  # what the page shows
@@ -90,21 +90,26 @@ async def page_principal(request: Request, svc: Service) -> tuple[Principal, str
 
 
 def render(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
-    headers = {"Cache-Control": "no-store", "Content-Security-Policy": CSP}
+    csp = content_policy(service(request).media_origin)
+    headers = {"Cache-Control": "no-store", "Content-Security-Policy": csp}
     return templates.TemplateResponse(
         request, name, {"who": None, **context}, status_code=status, headers=headers
     )
 
 
-CSP = "; ".join(
-    (
-        "default-src 'self'",
-        "img-src 'self'",
-        "script-src 'self'",
-        "style-src 'self'",
-        "frame-ancestors 'none'",
+def content_policy(media_origin: str | None) -> str:
+    """The page's Content-Security-Policy: everything from this service, and images from
+    `media_origin` too (where previews are redirected to, when they are)."""
+    images = "img-src 'self'" if media_origin is None else f"img-src 'self' {media_origin}"
+    return "; ".join(
+        (
+            "default-src 'self'",
+            images,
+            "script-src 'self'",
+            "style-src 'self'",
+            "frame-ancestors 'none'",
+        )
     )
-)
 
 
 SIGN_IN = "/login"
@@ -292,4 +297,4 @@ async def media(
     record = await svc.store.get_record(ITEM, media_id)
     if record is None or not who.sees(record.scope):
         raise ApiError(404, "not_found", "no such item")
-    return preview_file(svc, Item.of(record), small=True)
+    return await preview_answer(svc, Item.of(record), small=True)

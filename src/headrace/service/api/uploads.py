@@ -1,7 +1,8 @@
 """`POST /v1/events/{event}/uploads`: a contributor's upload, streamed to the media store.
 
 The body is a multipart form: `file` (the media; its name and declared type are ignored) and
-an optional `caption`. The file is written as it arrives and never held in memory; past the
+an optional `caption`. The file is spooled to a local file as it arrives, never held in memory,
+then kept in the media store (linked into a directory, or uploaded in parts to a bucket); past the
 largest size any class takes the answer is 413 at once, with nothing kept (a `Content-Length`
 already too large is refused before a byte is read). The answer is 202, with the media id and
 state `queued`, only once the bytes, the item's record and its validate task are committed.
@@ -32,7 +33,6 @@ from headrace.pipelines.moderation.media import BlobWriter, TooLarge
 from headrace.pipelines.moderation.pipeline import MAX_CAPTION, UploadConflict
 from headrace.policy.errors import ConfigError, QueueFull
 from headrace.policy.text import text_problem
-from headrace.runtime.calls import off_loop
 from headrace.service.api.auth import Role
 from headrace.service.api.deps import ApiError, Caller, Service, TheService, require
 
@@ -257,13 +257,18 @@ async def upload(
     session, new_session = session_of(request)
     cookie = session_cookie(svc, event, session) if new_session else {}
     try:
-        with moderation.media.writer(limit=limit) as writer:
+        async with moderation.media.writer(limit=limit) as writer:
             form = await read_form(request.stream(), boundary, writer)
             caption = form.text_caption()
-            blob = await off_loop(writer.keep)
-        item = await moderation.receive(
-            blob, event=event, session=session, media_id=media_id, caption=caption
-        )
+            blob = await writer.keep()
+            item = await moderation.receive(
+                blob,
+                event=event,
+                session=session,
+                media_id=media_id,
+                caption=caption,
+                local=writer.path,
+            )
     except TooLarge:
         raise too_large(limit) from None
     except UploadConflict as conflict:

@@ -1,0 +1,154 @@
+"""A media store's objects as files under one directory (`--media DIR`, `file:///DIR`): every
+process of a deployment must share it (one host, or a network filesystem).
+
+An object is written to a temporary file under `root/tmp` first (the scratch directory, on the
+same filesystem), flushed to disk, then hard-linked into place: a reader never sees half a file,
+and a conditional write (`create`) is a link that fails when its name is taken. Every verb runs
+in a thread of its own (`off_loop`), so the event loop never waits on the disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from headrace.pipelines.moderation.media.backend import LocalFile, Served, scratch_file
+from headrace.policy.errors import ConfigError
+from headrace.runtime.calls import off_loop
+
+
+class DirectoryBackend:
+    """Objects as files under `root` (`Backend`)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    @property
+    def scratch(self) -> Path:
+        return self.root / "tmp"
+
+    def describe(self) -> str:
+        return str(self.root)
+
+    def path(self, key: str) -> Path:
+        """The file of `key` (which the store made: checked all the same)."""
+        parts = key.split("/")
+        if not key or any(part in ("", ".", "..") for part in parts):
+            raise ConfigError(f"media key: expected a relative '/'-separated name, got {key!r}")
+        return self.root.joinpath(*parts)
+
+    async def exists(self, key: str) -> bool:
+        return await off_loop(self.path(key).is_file)
+
+    async def read(self, key: str) -> bytes | None:
+        return await off_loop(_read, self.path(key))
+
+    async def put_file(self, key: str, path: Path) -> None:
+        await off_loop(_link_into_place, path, self.path(key))
+
+    async def create(self, key: str, data: bytes) -> bool:
+        return await off_loop(_create, self.path(key), data, self.scratch)
+
+    @contextlib.asynccontextmanager
+    async def local(self, key: str) -> AsyncIterator[Path | None]:
+        path = self.path(key)
+        yield path if await off_loop(path.is_file) else None
+
+    async def move(self, key: str, to: str) -> bool:
+        return await off_loop(_rename, self.path(key), self.path(to))
+
+    async def copy(self, key: str, to: str) -> None:
+        await off_loop(_link_unless_there, self.path(key), self.path(to))
+
+    async def delete(self, key: str) -> bool:
+        return await off_loop(_unlink, self.path(key))
+
+    async def delete_under(self, prefix: str) -> int:
+        return await off_loop(_remove_tree, self.path(prefix))
+
+    async def keys(self, prefix: str) -> list[str]:
+        return await off_loop(self._keys, prefix)
+
+    async def serve(self, key: str, *, signed: bool) -> Served | None:
+        path = self.path(key)
+        return LocalFile(path) if await off_loop(path.is_file) else None
+
+    def _keys(self, prefix: str) -> list[str]:
+        found = self.path(prefix)
+        files = (path for path in found.rglob("*") if path.is_file()) if found.is_dir() else ()
+        return sorted(path.relative_to(self.root).as_posix() for path in files)
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def _flush(path: Path) -> None:
+    with path.open("rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def _link_into_place(path: Path, target: Path) -> None:
+    """`target` becomes a name of `path`'s file (flushed first), replacing what had the name."""
+    _flush(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    linked = target.with_name(f".{target.name}.{secrets.token_hex(8)}.new")
+    os.link(path, linked)
+    try:
+        os.replace(linked, target)
+    finally:
+        linked.unlink(missing_ok=True)
+
+
+def _create(target: Path, data: bytes, scratch: Path) -> bool:
+    written = scratch_file(scratch, "create.")
+    try:
+        with written.open("wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(written, target)  # fails when the name is taken: the conditional write
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        written.unlink(missing_ok=True)
+
+
+def _rename(path: Path, target: Path) -> bool:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(path, target)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _link_unless_there(path: Path, target: Path) -> None:
+    with contextlib.suppress(FileExistsError):
+        os.link(path, target)
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _remove_tree(path: Path) -> int:
+    if not path.is_dir():
+        return 0
+    count = sum(1 for found in path.rglob("*") if found.is_file())
+    shutil.rmtree(path, ignore_errors=True)
+    return count

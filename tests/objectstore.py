@@ -1,0 +1,72 @@
+"""The S3-compatible server the suite uses (moto's, started by .ci/run on HEADRACE_TEST_S3), and
+a bucket of its own for each test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import boto3
+import httpx
+import pytest
+
+ENDPOINT = os.environ.get("HEADRACE_TEST_S3", "http://127.0.0.1:9000")
+REGION = "us-east-1"
+# The test server takes any key; a real one is given its own in the environment.
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "headrace-test"),
+    "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "headrace-test-secret"),
+}
+
+
+def reachable() -> str:
+    """The test server's endpoint; skip when it does not answer (fail when `CI` is set)."""
+    try:
+        httpx.get(ENDPOINT, timeout=3)
+    except httpx.HTTPError as error:
+        reason = f"no S3-compatible server answers at {ENDPOINT}: {error}".strip()
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason} (CI is set: S3 tests must run)", pytrace=False)
+        pytest.skip(reason)
+    return ENDPOINT
+
+
+def admin() -> Any:
+    """A boto3 client of the test server, to make and drop buckets."""
+    return boto3.client(
+        "s3",
+        endpoint_url=ENDPOINT,
+        region_name=REGION,
+        aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+    )
+
+
+@contextmanager
+def fresh_bucket() -> Iterator[str]:
+    """A bucket no one else uses, emptied and removed afterwards."""
+    reachable()
+    client = admin()
+    bucket = f"headrace-test-{uuid.uuid4().hex[:16]}"
+    client.create_bucket(Bucket=bucket)
+    try:
+        yield bucket
+    finally:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            keys = [{"Key": found["Key"]} for found in page.get("Contents", ())]
+            if keys:
+                client.delete_objects(Bucket=bucket, Delete={"Objects": keys})
+        client.delete_bucket(Bucket=bucket)
+
+
+def keys_in(bucket: str) -> list[str]:
+    """Every key in `bucket`, as the server lists them."""
+    pages = admin().get_paginator("list_objects_v2").paginate(Bucket=bucket)
+    return sorted(found["Key"] for page in pages for found in page.get("Contents", ()))
+
+
+def media_url(bucket: str, prefix: str = "media") -> str:
+    return f"s3://{bucket}/{prefix}?endpoint={ENDPOINT}&region={REGION}"
