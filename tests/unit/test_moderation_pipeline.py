@@ -106,6 +106,27 @@ async def test_a_derive_run_again_reuses_what_the_first_made(
     assert kept == sorted([made.prefix.rsplit("/", 1)[1], "manifest.json"])
 
 
+async def test_a_stage_that_runs_again_late_never_sets_its_item_back(
+    media_samples: dict[str, Path], tmp_path: Path
+) -> None:
+    """As a worker cut off mid-validate and back after another finished the item does: its
+    validate (and a scan) end late, and the item stays where the later stages took it."""
+    app = hr.App("memory://")
+    moderation = Moderation(app, MediaStore(DirectoryBackend(tmp_path)), BuiltinScanner())
+    async with app:
+        with media_samples["photo.jpg"].open("rb") as upload:
+            item = await moderation.accept(upload, event="gala", session="s1")
+        await moderation.submit(item)
+        await hr.Worker(app).drain()
+        done = await moderation.records.get(item.media_id)
+        assert done.state is ItemState.REVIEWABLE
+        for stage in (validate_stage(MediaClass.IMAGE), "moderation.scan.image"):
+            await app.definition(stage).submit(item.media_id)
+        await hr.Worker(app).drain()
+        again = await moderation.records.get(item.media_id)
+    assert (again.state, again.derived, again.seq) == (ItemState.REVIEWABLE, done.derived, done.seq)
+
+
 async def derive_stage_of(moderation: Moderation, media_id: str) -> str:
     record = await moderation.records.get(media_id)
     assert record.media_class is not None

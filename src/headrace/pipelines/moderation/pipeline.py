@@ -239,16 +239,15 @@ class Records:
         )
         return Item.of(made.record), made.applied
 
-    async def write(self, media_id: str, *, state: ItemState | None = None, **body: object) -> Item:
+    async def write_if(
+        self, media_id: str, was: ItemState, state: ItemState, **body: object
+    ) -> Item:
+        """Move an item from `was` to `state` (with `body`'s fields); as it is when it is no
+        longer `was`. A stage moves its item this way: an attempt that lost its lease and
+        finishes late (its host cut off, then back) finds the item moved on and changes
+        nothing, where a plain write would set it back."""
         changed = await self.app.store.change_record(
-            ITEM, media_id, state=None if state is None else state.value, body=body
-        )
-        return Item.of(changed.record)
-
-    async def write_if(self, media_id: str, was: ItemState, state: ItemState) -> Item:
-        """Move an item from `was` to `state`; as it is when it is no longer `was`."""
-        changed = await self.app.store.change_record(
-            ITEM, media_id, state=state.value, when={was.value}
+            ITEM, media_id, state=state.value, body=body, when={was.value}
         )
         return Item.of(changed.record)
 
@@ -501,7 +500,9 @@ class Moderation:
                 async with self.media.original(item.digest) as original:
                     found = await work.probe(original)
             except Refused as refused:
-                await records.write(media_id, state=ItemState.REFUSED, reason=refused.code)
+                await records.write_if(
+                    media_id, ItemState.ACCEPTED, ItemState.REFUSED, reason=refused.code
+                )
                 await self._release_original(item)
                 raise hr.Fatal(refused.message, code=refused.code) from None
             # If scan has no room when this ends, the attempt is deferred: it runs again later
@@ -513,9 +514,10 @@ class Moderation:
                 weight=item.weight,
                 continues=True,  # an item started goes on before new ones start
             )
-            await records.write(
+            await records.write_if(
                 media_id,
-                state=ItemState.VALIDATED,
+                ItemState.ACCEPTED,
+                ItemState.VALIDATED,
                 media_class=found.media_class.value,
                 format=found.format,
                 metadata=found.as_dict(),
@@ -532,7 +534,9 @@ class Moderation:
             except ScanUnavailable as error:
                 raise hr.Transient(str(error), code="scan.unavailable") from None
             if verdict.infected:
-                await records.write(media_id, state=ItemState.QUARANTINED, reason=verdict.signature)
+                await records.write_if(
+                    media_id, ItemState.VALIDATED, ItemState.QUARANTINED, reason=verdict.signature
+                )
                 return
             ctx.spawn(
                 derive_stage(media_class),
@@ -542,15 +546,16 @@ class Moderation:
                 memory=decode_charge(item.memory),
                 continues=True,
             )
-            await records.write(media_id, state=ItemState.SCANNED)
+            await records.write_if(media_id, ItemState.VALIDATED, ItemState.SCANNED)
 
         @app.task(name=derive_stage(media_class), max_attempts=3, **derive_options)
         async def make_derivatives(ctx: hr.Context, media_id: str) -> None:
             item = await records.get(media_id)
             made = await self._derivatives(item)
-            await records.write(
+            await records.write_if(
                 media_id,
-                state=ItemState.REVIEWABLE,
+                ItemState.SCANNED,
+                ItemState.REVIEWABLE,
                 derived=made.prefix,
                 metadata=json.loads(await self.media.read_derived(made, METADATA)),
             )
