@@ -1,0 +1,408 @@
+"""Three hosts, tested as three hosts: `headrace serve --workers 0` on one network namespace and
+a `headrace worker` on each of two others, PostgreSQL and the S3 server reachable only over
+their links, no directory shared between them. During a burst of real uploads one worker host's
+link is cut for longer than a lease, and the other worker is killed with -9 once (and started
+again, as a supervisor would). Then:
+
+- every acknowledged upload is kept and reaches a final state;
+- each (media id, stage version) has exactly one derivative set in the bucket;
+- tasks are claimed again only from the cut or the killed host, each within a lease and the
+  sweep of the moment it was lost;
+- the cut host, when its link returns, has its late outcomes refused and logs that it lost its
+  leases.
+
+Default worker settings (a 30 s lease). Needs root for the namespaces; skips without, with the
+reason printed, and fails when `CI` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from headrace.pipelines.moderation import samples
+from headrace.pipelines.moderation.pipeline import ITEM, ItemState
+from headrace.store.base import Store
+from headrace.store.records import Record
+from headrace.store.types import Attempt, AttemptOutcome, Settings, TaskRecord, TaskState
+from headrace.store.urls import open_store
+from tests import objectstore
+from tests.integration.postgres import fresh_schema
+
+from . import hosts
+from .commands import ROOT, environment, headrace
+from .server import make_tokens
+
+pytestmark = [pytest.mark.realtime, pytest.mark.timeout(600)]
+
+LEASE = 30.0  # the worker's default
+# A claim sweeps expired leases every 0.1 s and an idle worker claims every 0.5 s at most; the
+# rest is room for a loaded machine.
+SWEEP = 5.0
+CUT_FOR = LEASE + 15.0
+APP = "headrace.pipelines.moderation.deploy:make_app"
+PORT = 8080
+UPLOADS = 60
+
+
+@dataclass
+class Burst:
+    acknowledged: dict[str, str] = field(default_factory=dict)  # key -> media id
+    resent: int = 0
+    cut_at: float | None = None  # store time
+    mended_at: float | None = None
+    killed_at: float | None = None
+
+
+def skip_without_namespaces() -> None:
+    reason = hosts.available()
+    if reason is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI is set: the multi-host test must run)", pytrace=False)
+    pytest.skip(reason)
+
+
+def media_of(n: int) -> tuple[str, bytes]:
+    """The burst: mostly photos, a voice note in ten, a short video in twenty."""
+    if n % 20 == 7:
+        return f"{n}.mp4", samples.mp4(1.0 + n / 100, 320, 240)
+    if n % 10 == 3:
+        return f"{n}.wav", samples.wav(1.0 + n / 100)
+    return f"{n}.jpg", samples.jpeg(1024 + n, 768, shade=n % 200)
+
+
+@pytest.fixture
+def services(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
+    """A PostgreSQL schema, a bucket, and the network: (store URL, bucket, S3 endpoint)."""
+    skip_without_namespaces()
+    with fresh_schema("hosts") as url, objectstore.fresh_bucket() as bucket:
+        yield url, bucket, objectstore.reachable()
+
+
+def on_link(url: str, gateway: str) -> str:
+    """`url` with its host the bridge's address, where the forwarder listens."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.replace(parts.hostname or "", gateway, 1)
+    return parts._replace(netloc=netloc).geturl()
+
+
+def test_a_burst_across_three_hosts_survives_a_cut_link_and_a_killed_worker(
+    tmp_path: Path, services: tuple[str, str, str]
+) -> None:
+    url, bucket, endpoint = services
+    assert headrace("db", "upgrade", "--db", url).returncode == 0
+    tokens = make_tokens(url)
+    s3 = urlsplit(endpoint)
+    pg_port = urlsplit(url).port or 5432
+    with hosts.network(["api", "w1", "w2"]) as net:
+        gateway = net.gateway
+        routes = {
+            (gateway, pg_port): ("127.0.0.1", pg_port),
+            (gateway, s3.port or 80): (s3.hostname or "127.0.0.1", s3.port or 80),
+        }
+        with hosts.Forwarder(routes):
+            env = host_env(tmp_path, on_link(url, gateway), bucket, on_link(endpoint, gateway))
+            burst = run_burst(net, env, tmp_path, tokens["uploader"], url)
+    logs = {name: (tmp_path / f"{name}.log").read_text() for name in ("api", "w1", "w2", "w2b")}
+    tasks, attempts, items = read_everything(url)
+    keys = objectstore.keys_in(bucket)
+    report(burst, tasks, attempts, items, keys)
+    check(burst, tasks, attempts, items, keys, logs)
+
+
+def host_env(tmp_path: Path, db: str, bucket: str, endpoint: str) -> dict[str, str]:
+    env = environment(
+        {
+            "HEADRACE_URL": db,
+            "HEADRACE_MEDIA": f"s3://{bucket}/media?endpoint={endpoint}&region=us-east-1",
+            **objectstore.CREDENTIALS,
+            "PYTHONPATH": str(ROOT),
+        }
+    )
+    return env
+
+
+def start_host(
+    net: hosts.Network, host: str, name: str, command: list[str], env: dict[str, str], tmp: Path
+) -> subprocess.Popen[bytes]:
+    """`command` on `host`, with a scratch directory of its own (no directory is shared)."""
+    scratch = tmp / f"host-{name}"
+    scratch.mkdir(exist_ok=True)
+    return net.start(
+        host,
+        [sys.executable, "-m", "headrace", *command],
+        env={**env, "TMPDIR": str(scratch)},
+        log=str(tmp / f"{name}.log"),
+        cwd=str(scratch),
+    )
+
+
+def run_burst(net: hosts.Network, env: dict[str, str], tmp: Path, token: str, url: str) -> Burst:
+    api = net.hosts["api"].address
+    serve = ["serve", "--workers", "0", "--host", api, "--port", str(PORT)]
+    processes = {"api": start_host(net, "api", "api", serve, env, tmp)}
+    for name in ("w1", "w2"):
+        worker = ["worker", APP, "--name", name]
+        processes[name] = start_host(net, name, name, worker, env, tmp)
+    try:
+        wait_until_answering(f"http://{api}:{PORT}/healthz")
+        return asyncio.run(drive(net, processes, env, tmp, f"http://{api}:{PORT}", token, url))
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in processes.values():
+            try:
+                process.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def wait_until_answering(address: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(address, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"nothing answered at {address}")
+
+
+async def drive(
+    net: hosts.Network,
+    processes: dict[str, subprocess.Popen[bytes]],
+    env: dict[str, str],
+    tmp: Path,
+    base: str,
+    token: str,
+    url: str,
+) -> Burst:
+    burst = Burst()
+    store = open_store(url)
+    await store.open(Settings())
+    try:
+        chaos = asyncio.create_task(make_chaos(net, processes, env, tmp, store, burst))
+        await upload_all(base, token, burst)
+        await chaos
+        await until_settled(store, burst)
+    finally:
+        await store.close()
+    return burst
+
+
+async def upload_all(base: str, token: str, burst: Burst) -> None:
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for n in range(UPLOADS):
+        queue.put_nowait(n)
+
+    async def client() -> None:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            while not queue.empty():
+                await upload(http, token, queue.get_nowait(), burst)
+                await asyncio.sleep(0.2)  # a burst spread over the cut, as phones send
+
+    await asyncio.gather(*(client() for _ in range(4)))
+
+
+async def upload(http: httpx.AsyncClient, token: str, n: int, burst: Burst) -> None:
+    name, data = media_of(n)
+    key = f"upload-{n}"
+    headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": key}
+    while True:
+        try:
+            answer = await http.post(
+                "/v1/events/gala/uploads", headers=headers, files={"file": (name, data)}
+            )
+        except httpx.TransportError:
+            answer = None
+        if answer is not None and answer.status_code == 202:
+            burst.acknowledged[key] = answer.json()["media_id"]
+            return
+        assert answer is None or answer.status_code in (429, 503), answer.text
+        burst.resent += 1
+        await asyncio.sleep(1.0)
+
+
+async def running_on(store: Store, worker: str) -> int:
+    found = await store.tasks(state=TaskState.RUNNING, limit=10_000)
+    return sum(1 for task in found if task.worker == worker)
+
+
+async def when_running(store: Store, worker: str, most: int = 3) -> None:
+    """Return once `worker` holds running tasks (so losing it loses work): `most` of them, or
+    after ten seconds as many as it has, at least one."""
+    for n in range(2400):  # two minutes
+        running = await running_on(store, worker)
+        if running >= most or (running and n > 200):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{worker} never ran anything")
+
+
+async def make_chaos(
+    net: hosts.Network,
+    processes: dict[str, subprocess.Popen[bytes]],
+    env: dict[str, str],
+    tmp: Path,
+    store: Store,
+    burst: Burst,
+) -> None:
+    """Kill w2 with -9 while it runs something (and start it again, as `w2b`); then cut w1's
+    link while it runs something, for longer than a lease, and mend it."""
+    await when_running(store, "w2")
+    processes["w2"].kill()
+    burst.killed_at = await store.now()
+    processes["w2b"] = start_host(net, "w2", "w2b", ["worker", APP, "--name", "w2b"], env, tmp)
+    await when_running(store, "w1")
+    net.cut("w1")
+    burst.cut_at = await store.now()
+    await asyncio.sleep(CUT_FOR)
+    net.mend("w1")
+    burst.mended_at = await store.now()
+
+
+async def until_settled(store: Store, burst: Burst) -> None:
+    """Wait until every acknowledged item is settled and no task is left to run, then long
+    enough for the mended host to renew (and learn it lost its leases)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        items = {r.id: r for r in await store.list_records(ITEM, limit=10_000)}
+        settled = all(
+            media_id in items and ItemState(items[media_id].state).settled
+            for media_id in burst.acknowledged.values()
+        )
+        counts = await store.counts()
+        busy = sum(counts.get(state, 0) for state in UNFINISHED)
+        if settled and busy == 0:
+            break
+        await asyncio.sleep(0.5)
+    await asyncio.sleep(LEASE / 3 + 5)  # the mended worker's next renewal, and its log line
+
+
+UNFINISHED = (TaskState.PENDING, TaskState.READY, TaskState.RUNNING, TaskState.WAITING)
+
+
+def read_everything(url: str) -> tuple[list[TaskRecord], list[Attempt], dict[str, Record]]:
+    async def read() -> tuple[list[TaskRecord], list[Attempt], dict[str, Record]]:
+        store = open_store(url)
+        await store.open(Settings())
+        try:
+            tasks = await store.tasks(limit=100_000)
+            attempts = [a for task in tasks for a in await store.attempts(task.id)]
+            items = {r.id: r for r in await store.list_records(ITEM, limit=10_000)}
+            return tasks, attempts, items
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+def derivative_sets(
+    keys: list[str],
+) -> tuple[Counter[tuple[str, str]], dict[tuple[str, str], set[str]]]:
+    """Per (media id, stage version): how many manifests, and which attempts left objects."""
+    manifests: Counter[tuple[str, str]] = Counter()
+    attempts: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for key in keys:
+        parts = key.split("/")
+        if len(parts) < 5 or parts[1] != "derived":
+            continue
+        where = (parts[2], parts[3])
+        if parts[4] == "manifest.json":
+            manifests[where] += 1
+        else:
+            attempts[where].add(parts[4])
+    return manifests, attempts
+
+
+def history(
+    media_ids: list[str],
+    tasks: list[TaskRecord],
+    attempts: list[Attempt],
+    items: dict[str, Record],
+) -> str:
+    """What happened to the items `media_ids`: their records, tasks and attempts."""
+    lines = []
+    for media_id in media_ids:
+        lines.append(f"{media_id}: {items[media_id].state} {dict(items[media_id].body)}")
+        for task in (t for t in tasks if t.ref == media_id):
+            lines.append(f"  task {task.id} {task.kind} {task.state.value} {task.error_code}")
+            for a in (a for a in attempts if a.task_id == task.id):
+                lines.append(f"    {a.number} {a.worker} {a.outcome.value} {a.code} {a.message}")
+    return "\n".join(lines)
+
+
+def lost_leases(attempts: list[Attempt]) -> list[tuple[Attempt, Attempt | None]]:
+    """Each attempt that lost its lease, with the attempt of its task that came next."""
+    by_task = {(a.task_id, a.number): a for a in attempts}
+    return [
+        (a, by_task.get((a.task_id, a.number + 1)))
+        for a in attempts
+        if a.outcome is AttemptOutcome.LEASE_EXPIRED
+    ]
+
+
+def report(
+    burst: Burst,
+    tasks: list[TaskRecord],
+    attempts: list[Attempt],
+    items: dict[str, Record],
+    keys: list[str],
+) -> None:
+    states = Counter(record.state for record in items.values())
+    lost = Counter(a.worker for a, _ in lost_leases(attempts))
+    manifests, made = derivative_sets(keys)
+    extra = sum(len(prefixes) - 1 for prefixes in made.values() if len(prefixes) > 1)
+    print(
+        f"cut {burst.cut_at}, mended {burst.mended_at}, killed {burst.killed_at}; "
+        f"{len(burst.acknowledged)} uploads acknowledged ({burst.resent} sent again), "
+        f"{len(tasks)} tasks, {len(attempts)} attempts; items {dict(states)}; "
+        f"leases lost by host {dict(lost)}; {sum(manifests.values())} derivative sets, "
+        f"{extra} attempts' objects beside them"
+    )
+
+
+def check(
+    burst: Burst,
+    tasks: list[TaskRecord],
+    attempts: list[Attempt],
+    items: dict[str, Record],
+    keys: list[str],
+    logs: dict[str, str],
+) -> None:
+    assert len(burst.acknowledged) == UPLOADS
+    lost = [key for key, media_id in burst.acknowledged.items() if media_id not in items]
+    assert lost == []  # acknowledged uploads lost: 0
+    unsettled = [r.id for r in items.values() if not ItemState(r.state).settled]
+    assert unsettled == [], history(unsettled, tasks, attempts, items)  # every item is final
+    assert all(task.state.terminal for task in tasks)
+    manifests, _ = derivative_sets(keys)
+    assert manifests and set(manifests.values()) == {1}  # one set per (media id, stage version)
+    derived = [r for r in items.values() if r.body.get("derived")]
+    assert {r.id for r in derived} <= {media_id for media_id, _ in manifests}
+    assert burst.cut_at is not None and burst.killed_at is not None
+    reclaimed = lost_leases(attempts)
+    assert {a.worker for a, _ in reclaimed} >= {"w1", "w2"}  # both hosts lost work
+    for gone, after in reclaimed:
+        assert gone.worker in ("w1", "w2"), gone  # only the cut and the killed host lose leases
+        assert after is not None and after.worker != gone.worker
+        lost_at = burst.cut_at if gone.worker == "w1" else burst.killed_at
+        assert after.started_at - lost_at <= LEASE + SWEEP, (gone, after)
+    assert "lease lost" in logs["w1"]  # the mended host was refused, and says so
+    assert "Traceback" not in logs["api"]
