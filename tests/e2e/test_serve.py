@@ -152,6 +152,7 @@ def test_media_in_a_bucket_is_served_by_redirect_and_by_stream(tmp_path: Path) -
             serving(tmp_path, *where, env=env) as server,
             httpx.Client(base_url=server.url, timeout=30) as client,
         ):
+            assert client.get("/readyz").json() == {"status": "ok"}  # the bucket answers
             ids = []
             for name, data in uploads.items():
                 answer = client.post(

@@ -8,6 +8,7 @@ import logging
 import socket
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from types import FrameType
 
 import uvicorn
 
@@ -17,7 +18,7 @@ from headrace.runtime.memory import DEFAULT_MEMORY
 from headrace.runtime.worker import Worker
 from headrace.service import logs
 from headrace.service.api.app import create_api
-from headrace.service.api.deps import ApiSettings
+from headrace.service.api.deps import ApiSettings, Service
 from headrace.service.notify import OutboxRelay
 from headrace.store.urls import hide_passwords
 
@@ -97,12 +98,21 @@ def serve(moderation: Moderation, options: ServeOptions) -> None:
     )
     for worker in workers:
         logs.worker_started(worker, "headrace serve")
-    QuietExit(config).run(sockets=[sock])
+    QuietExit(config, api.state.service).run(sockets=[sock])
 
 
 class QuietExit(uvicorn.Server):
     """uvicorn's server, whose graceful stop on SIGINT or SIGTERM ends with status 0, as
-    `headrace worker`'s does (uvicorn raises the signal again once it has stopped)."""
+    `headrace worker`'s does (uvicorn raises the signal again once it has stopped), and
+    marks the service draining as it begins, so /readyz turns a proxy away at once."""
+
+    def __init__(self, config: uvicorn.Config, service: Service) -> None:
+        super().__init__(config)
+        self.service = service
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.service.draining = True
+        super().handle_exit(sig, frame)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

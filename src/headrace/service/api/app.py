@@ -25,7 +25,7 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from swagger_ui_bundle import swagger_ui_path
@@ -115,6 +115,23 @@ def _add_operations(api: FastAPI) -> None:
         await svc.store.now()
         return {"status": "ok"}
 
+    @api.get("/livez", tags=["operations"], summary="The process answers (for a liveness probe)")
+    async def livez() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @api.get(
+        "/readyz",
+        tags=["operations"],
+        summary="Whether to send this process requests (for a readiness probe)",
+        responses={503: {"description": "draining, or its store or media cannot be reached"}},
+    )
+    async def readyz(svc: TheService) -> JSONResponse:
+        failing = await unready(svc)
+        if failing:
+            body = {"status": "unready", "failing": failing}
+            return JSONResponse(body, status_code=503, headers={"Retry-After": "2"})
+        return JSONResponse({"status": "ok"})
+
     @api.get(
         "/metrics",
         tags=["operations"],
@@ -126,6 +143,21 @@ def _add_operations(api: FastAPI) -> None:
         await require(svc, who, Role.ADMIN, action="metrics.read")
         taken = await metrics.snapshot(svc.moderation.app)
         return Response(metrics.render(taken), media_type="text/plain; version=0.0.4")
+
+
+async def unready(svc: Service) -> list[str]:
+    """What keeps this process from taking requests: `draining` (it was told to stop),
+    `store`, `media` (they cannot be reached)."""
+    failing = ["draining"] if svc.draining else []
+    try:
+        await svc.store.now()
+    except StoreUnavailable:
+        failing.append("store")
+    try:
+        await svc.moderation.media.answers()
+    except MediaUnavailable:
+        failing.append("media")
+    return failing
 
 
 DOCS_ASSETS = "/docs/assets"

@@ -96,6 +96,9 @@ class Service:
     # Where previews are redirected to (a page must allow its images from there), read from
     # the media store as the service starts; None: previews come from the service itself.
     media_origin: str | None = None
+    # Set when the server was told to stop (SIGTERM): requests in flight finish, and /readyz
+    # says to send no more.
+    draining: bool = False
 
     @property
     def store(self) -> Store:

@@ -124,6 +124,11 @@ class MediaStore:
     def describe(self) -> str:
         return self.backend.describe()
 
+    async def answers(self) -> None:
+        """Prove the storage answers, with one cheap request (a probe's readiness check):
+        MediaUnavailable when it does not."""
+        await self.backend.exists(f"{PROBES}/ready")
+
     async def check(self) -> None:
         """Prove the storage answers and honours a conditional write, which keeps one
         derivative set per stage version: ConfigError when it ignores one, MediaUnavailable
