@@ -6,7 +6,10 @@ import pytest
 
 from headrace.policy import ConfigError
 from headrace.policy.durations import seconds, spoken
-from headrace.policy.retention import DAY, Retention, shown
+from headrace.policy.retention import DAY, SIGN_IN_LIFETIME, Retention, shown
+from headrace.runtime import remote
+from headrace.service.api import auth, webhooks
+from headrace.store import pruning
 
 
 def test_the_defaults_keep_a_day_of_history_and_a_month_of_dead_letters() -> None:
@@ -76,3 +79,11 @@ def test_durations_read_and_say_days() -> None:
     ]
     assert [shown(v) for v in (None, 500, 300.0)] == ["off", "500", "5m"]
 
+
+def test_the_names_retention_uses_are_those_the_writers_use() -> None:
+    assert SIGN_IN_LIFETIME == auth.LOGIN_TTL
+    assert (pruning.LOGIN, pruning.DELIVERY, pruning.REMOTE) == (
+        auth.LOGIN,
+        webhooks.DELIVERY,
+        remote.REMOTE,
+    )
