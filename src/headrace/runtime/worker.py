@@ -44,6 +44,7 @@ from headrace.runtime.classes import ClassBudget
 from headrace.runtime.completions import Completions
 from headrace.runtime.context import Context
 from headrace.runtime.memory import DEFAULT_MEMORY, WorkerMemory
+from headrace.runtime.pruner import Pruner
 from headrace.runtime.results import RemoteWait, Result
 from headrace.store.dispatch import earliest
 from headrace.store.types import (
@@ -70,6 +71,8 @@ OUTAGE_PAUSE = 0.25
 OUTAGE_PAUSE_MAX = 5.0
 BACKOFFS_KEPT = 64  # never spin when the store's next event is "now"
 DEFAULT_SLOTS = 4
+PRUNE_CHECKS = 4  # looks per `retention.every` for a due run
+PRUNE_CHECK_MIN = 1.0  # seconds
 
 
 @dataclass
@@ -181,16 +184,34 @@ class Worker:
     async def _serve(self, *, until_idle: bool) -> None:
         await self.app.open()
         self.app.listen(self._wake)
-        renewer = asyncio.create_task(self._renew_forever(), name=f"{self.name}:renew")
+        helpers = [asyncio.create_task(self._renew_forever(), name=f"{self.name}:renew")]
+        if not until_idle and self.app.retention.every is not None:
+            helpers.append(asyncio.create_task(self._prune_forever(), name=f"{self.name}:prune"))
         try:
             await self._loop(until_idle)
         finally:
             self.app.unlisten(self._wake)
             self._completions().kick()  # no claim comes now: waiting outcomes are written
             await self._shutdown()
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
+            for helper in helpers:
+                helper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await helper
+
+    async def _prune_forever(self) -> None:
+        """Prune when a run is due: checked at the start and four times per `every`, so the
+        store's lease row lets one process of the fleet in about once per period."""
+        every = self.app.retention.every
+        assert every is not None
+        pruner = Pruner(self.app, holder=self.name)
+        while True:
+            try:
+                await pruner.run_if_due()
+            except StoreUnavailable as error:
+                log.warning("pruner: store unavailable (%s); trying at the next check", error)
+            except Exception:
+                log.exception("pruner: the run failed; trying at the next check")
+            await asyncio.sleep(max(PRUNE_CHECK_MIN, every / PRUNE_CHECKS))
 
     async def _loop(self, until_idle: bool) -> None:
         while not self._stopping:
