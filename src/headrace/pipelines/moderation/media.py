@@ -149,6 +149,15 @@ class MediaStore:
                 os.link(taken, self.blob_path(digest))
         taken.unlink(missing_ok=True)
 
+    def remove_blob(self, digest: str) -> bool:
+        """Delete an original; False if it was not there. The caller has made sure no item
+        needs it any more."""
+        try:
+            self.blob_path(digest).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
     # -- media ids and derivatives
 
     @staticmethod
@@ -212,6 +221,23 @@ class MediaStore:
                 raise
             shutil.rmtree(made.path, ignore_errors=True)
         return Derived(final, created=False)
+
+    def remove_derived(self, media_id: str) -> int:
+        """Delete every derivative set of a media id (every stage and version, and what an
+        attempt left half written); how many files were removed. No stage may be deriving it:
+        the caller removes the derivatives of items whose stages are done."""
+        directory = self.root / "derived" / check_media_id(media_id)
+        if not directory.is_dir():
+            return 0
+        removed = 0
+        for path in sorted(directory.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+            if path.is_dir() and not path.is_symlink():
+                path.rmdir()
+            else:
+                path.unlink()
+                removed += 1
+        directory.rmdir()
+        return removed
 
     def _derived_path(self, media_id: str, stage: str, version: int) -> Path:
         if not _STAGE.fullmatch(stage):

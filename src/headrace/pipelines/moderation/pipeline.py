@@ -30,6 +30,10 @@ read from headers when the upload is accepted. A validated image with bytes past
 page or an archive appended: a polyglot) is kept as received and flagged `media.trailing_data`
 (`Item.flags`) for moderators. A refused item's original is deleted unless another item needs
 the same bytes (`Moderation._release_original`).
+
+Retention (`upkeep`): when the pruner runs, the items turned away (rejected, quarantined, refused)
+and the settled items of a closed event go once old enough, with their derivatives and, unless
+another item still names it, their original; an accepted upload no task names is queued.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import io
 import json
 import re
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, Protocol, TypeVar
@@ -141,6 +145,8 @@ class Staff:
 
 
 ITEM = "item"  # the kind of an item's record in the store
+EVENT = "event"  # the kind of an event's record: written when it is closed
+CLOSED = "closed"  # a closed event's state: it takes no upload, its items go after a while
 
 
 @dataclass(frozen=True)
@@ -198,6 +204,14 @@ class OriginalGone(HeadraceError):
     def __init__(self, media_id: str) -> None:
         super().__init__(f"media id {media_id}: the upload's bytes were not kept; send it again")
         self.media_id = media_id
+
+
+class EventClosed(ConfigError):
+    """An upload to an event that was closed (`upkeep.close_event`)."""
+
+    def __init__(self, event: str) -> None:
+        super().__init__(f"event {event}: closed; it takes no more uploads")
+        self.event = event
 
 
 class UploadConflict(ConfigError):
@@ -301,6 +315,9 @@ class Moderation:
         self.admission = admission or Admission()
         self.order = order
         self._declare()
+        from headrace.pipelines.moderation.upkeep import Upkeep  # it builds on this module
+
+        app.on_prune(Upkeep(self).prune)
 
     # -- accepting
 
@@ -321,6 +338,8 @@ class Moderation:
         are the first upload's)."""
         check_label(event, "event")
         check_label(session, "session")
+        if await self.closed(event):  # before the bytes are kept: nothing to clear after
+            raise EventClosed(event)
         blob = await off_loop(self.media.put, source, limit=self.max_bytes)
         return await self.accept_blob(
             blob, event=event, session=session, staff=staff, media_id=media_id, caption=caption
@@ -347,6 +366,8 @@ class Moderation:
         if media_id is not None:
             check_media_id(media_id)
         check_caption(caption)
+        if await self.closed(event):
+            raise EventClosed(event)
         path = self.media.blob_path(blob.digest)
         queued_as = await off_loop(sniff, path) or MediaClass.IMAGE
         item = Item(
@@ -407,6 +428,11 @@ class Moderation:
                 raise
         return item
 
+    async def closed(self, event: str) -> bool:
+        """Whether `event` was closed."""
+        found = await self.app.store.get_record(EVENT, check_label(event, "event"))
+        return found is not None and found.state == CLOSED
+
     async def accept_bytes(
         self, data: bytes, *, event: str, session: str, staff: Staff | None = None
     ) -> Item:
@@ -421,7 +447,7 @@ class Moderation:
             item.media_id,
             group=item.event,
             flow=item.session if self.order == "fair" else "arrival",
-            key=f"validate:{item.media_id}",
+            key=validate_key(item.media_id),
             weight=item.weight,
             memory=decode_charge(item.memory),
         )
@@ -544,12 +570,23 @@ class Moderation:
         taken = await off_loop(self.media.take_blob, item.digest)
         if taken is None:
             return
-        needed = any(
-            other.digest == item.digest and other.state is not ItemState.REFUSED
-            for other in await self.records.all()
-            if other.media_id != item.media_id
-        )
+        needed = bool(await self.naming({item.digest}, leaving={item.media_id}))
         await off_loop(self.media.settle_blob, item.digest, taken, keep=needed)
+
+    async def naming(
+        self, digests: Collection[str], *, leaving: Collection[str]
+    ) -> dict[str, list[Item]]:
+        """The items that still need one of `digests`, by digest: every item but those
+        `leaving` and those refused names its original (a refused one's was released)."""
+        found: dict[str, list[Item]] = {}
+        for other in await self.records.all():
+            if (
+                other.digest in digests
+                and other.media_id not in leaving
+                and other.state is not ItemState.REFUSED
+            ):
+                found.setdefault(other.digest, []).append(other)
+        return found
 
     async def _derivatives(self, item: Item) -> Derived:
         """(media id, stage version)'s derivatives: made once, reused by every later attempt
@@ -660,6 +697,11 @@ def stage_options(
     )
 
 
+def validate_key(media_id: str) -> str:
+    """The idempotency key of an item's validate task: it is queued once."""
+    return f"validate:{media_id}"
+
+
 def validate_stage(media_class: MediaClass) -> str:
     return f"moderation.validate.{media_class.value}"
 
@@ -690,9 +732,12 @@ def check_label(value: str, field: str) -> str:
 
 
 __all__ = [
+    "CLOSED",
     "DERIVE_VERSION",
+    "EVENT",
     "ITEM",
     "Admission",
+    "EventClosed",
     "Item",
     "ItemState",
     "MediaWork",
@@ -710,5 +755,6 @@ __all__ = [
     "derive_stage",
     "scan_stage",
     "stage_options",
+    "validate_key",
     "validate_stage",
 ]
