@@ -118,7 +118,7 @@ async def test_a_dry_run_tells_the_hooks_and_removes_nothing() -> None:
     assert seen == [True, False]
     assert would.removed == done.removed
     assert done.removed[SUCCEEDED_TASKS] == 1 and done.removed["items"] == 2
-    assert done.line() == "pruner removed succeeded tasks 1, attempts 1, items 2 (1 store batches)"
+    assert done.line() == "pruner removed succeeded tasks 1, attempts 1, items 2 (1 store batch)"
     assert would.line().startswith("pruner would remove succeeded tasks 1")
 
 
@@ -136,12 +136,16 @@ async def test_a_failed_run_gives_the_lease_back_and_the_next_is_due_at_once() -
         assert await Pruner(app, holder="w2").run_if_due() is not None
 
 
-async def test_workers_never_prune_when_told_not_to() -> None:
-    app = make_app(Retention(succeeded=0.0, every=None))
+@pytest.mark.parametrize(
+    ("retention", "prune"),
+    [(Retention(succeeded=0.0, every=None), True), (Retention(succeeded=0.0), False)],
+)
+async def test_workers_never_prune_when_told_not_to(retention: Retention, prune: bool) -> None:
+    app = make_app(retention)
     async with app:
         await app.definition("work").submit("a")
         await app.definition("work").submit("b", delay=DAY)
-        worker = hr.Worker(app, idle="60s")  # few idle claims: the test is the pruner
+        worker = hr.Worker(app, idle="60s", prune=prune)
         running = asyncio.create_task(worker.run())
         await asyncio.sleep(3600.0)
         worker.stop()

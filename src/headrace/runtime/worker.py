@@ -98,7 +98,8 @@ class Worker:
     """`slots` handlers at once; `poll_slots` remote-job checks at once. Leases last `lease` and
     are renewed every `renew` (default: a third of the lease), which must be shorter. `memory`:
     the bytes the running tasks may be charged at once (`NewTask.memory`; runtime/memory.py),
-    an int or a size such as "768MiB"; None: no budget."""
+    an int or a size such as "768MiB"; None: no budget. `prune`: while it runs (not in a
+    drain), prune the store when a run is due by the app's retention (runtime/pruner.py)."""
 
     def __init__(
         self,
@@ -116,6 +117,7 @@ class Worker:
         classes: Mapping[str, int] | None = None,
         borrow: bool = True,
         memory: int | str | None = DEFAULT_MEMORY,
+        prune: bool = True,
     ) -> None:
         if slots is not None and (isinstance(slots, bool) or slots < 1):
             raise ConfigError(f"worker.slots: expected a positive integer, got {slots!r}")
@@ -125,6 +127,8 @@ class Worker:
         # Slots a class leaves idle run a class with more slots meanwhile (`ClassBudget.lendable`).
         self.borrow = borrow
         self.memory = WorkerMemory(memory)
+        # Run the pruner when a run is due (`run` only, never `drain`; runtime/pruner.py).
+        self.prune = prune and app.retention.every is not None
         self.slots = slots or self._default_slots()
         self.poll_slots = poll_slots or self.slots
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -185,7 +189,7 @@ class Worker:
         await self.app.open()
         self.app.listen(self._wake)
         helpers = [asyncio.create_task(self._renew_forever(), name=f"{self.name}:renew")]
-        if not until_idle and self.app.retention.every is not None:
+        if not until_idle and self.prune:
             helpers.append(asyncio.create_task(self._prune_forever(), name=f"{self.name}:prune"))
         try:
             await self._loop(until_idle)
