@@ -64,7 +64,7 @@ def test_a_dry_run_says_per_kind_what_would_go_and_a_run_removes_it(tmp_path: Pa
 
     done = headrace("prune", "--db", str(db), *AGED)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[0] == f"removed 6 from sqlite:///{db} in 1 store batches"
+    assert done.stdout.splitlines()[0] == f"removed 6 from sqlite:///{db} in 1 store batch"
     assert rows(done.stdout) == rows(dry.stdout)
     again = headrace("prune", "--db", str(db), *AGED)
     assert again.stdout.splitlines()[0].startswith("removed 0 ")

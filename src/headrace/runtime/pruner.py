@@ -55,7 +55,12 @@ class PruneReport:
         verb = "would remove" if self.dry_run else "removed"
         found = [f"{label} {count}" for label, count in self.removed.items() if count]
         said = ", ".join(found) if found else "nothing"
-        return f"pruner {verb} {said} ({self.batches} store batches)"
+        return f"pruner {verb} {said} ({batches(self.batches)})"
+
+
+def batches(count: int) -> str:
+    """`1 store batch`, `3 store batches`."""
+    return f"{count} store batch" + ("" if count == 1 else "es")
 
 
 class Pruner:

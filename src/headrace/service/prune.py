@@ -9,7 +9,7 @@ import socket
 from headrace.pipelines.moderation.upkeep import close_event
 from headrace.policy.retention import shown
 from headrace.runtime.app import App
-from headrace.runtime.pruner import Pruner, PruneReport
+from headrace.runtime.pruner import Pruner, PruneReport, batches
 from headrace.store.urls import hide_passwords
 
 
@@ -29,7 +29,7 @@ def said(report: PruneReport, store: str) -> str:
     if report.dry_run:
         head = f"dry run: would remove {report.total} from {store}; nothing was changed"
     else:
-        head = f"removed {report.total} from {store} in {report.batches} store batches"
+        head = f"removed {report.total} from {store} in {batches(report.batches)}"
     width = max((len(label) for label in report.removed), default=0)
     rows = [f"  {label:<{width}}  {count:>9}" for label, count in report.removed.items()]
     return "\n".join([head, *rows])

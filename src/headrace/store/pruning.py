@@ -29,7 +29,6 @@ from headrace.policy.retention import Retention
 from headrace.store.types import TaskState
 
 UPSTREAM_PRUNED = "upstream_pruned"  # cancelled for a task since pruned: no longer restorable
-PRUNER = "pruner"  # the name of the pruner's lease row
 
 # Record kinds headrace itself writes, and the retention age each goes by (the modules that
 # write them name them too: service/api/auth.py LOGIN, service/api/webhooks.py DELIVERY,

@@ -102,14 +102,16 @@ class Upkeep:
             age = run.now - record.created_at
             if age < grace or (horizon is not None and age > horizon):
                 continue
-            if await self.store.find(validate_key(record.id)) is None:
-                counts[await self.requeue(Item.of(record), run.dry_run)] += 1
-        counts.pop("", None)
+            if await self.store.find(validate_key(record.id)) is not None:
+                continue
+            became = await self.requeue(Item.of(record), run.dry_run)
+            if became is not None:
+                counts[became] += 1
         return counts
 
-    async def requeue(self, item: Item, dry_run: bool) -> str:
-        """Queue an item no task names; what became of it (`QUEUED`, `LOST`, or "": admission
-        is full, the next sweep tries again)."""
+    async def requeue(self, item: Item, dry_run: bool) -> str | None:
+        """Queue an item no task names; what became of it (`QUEUED`, `LOST`, or None:
+        admission is full, the next sweep tries again)."""
         if not await off_loop(self.media.has_blob, item.digest):
             if not dry_run:
                 await self.refuse(item, ORIGINAL_MISSING, "upload.swept")
@@ -119,7 +121,7 @@ class Upkeep:
         try:
             task_id = await self.moderation.submit(item)
         except QueueFull:
-            return ""
+            return None
         audit = Audit("upload.requeued", PRUNER, {"task": task_id})
         await self.store.write_audit(
             ITEM, item.media_id, scope=item.event, audit=audit, outcome="applied"
