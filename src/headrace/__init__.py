@@ -27,6 +27,7 @@ from headrace.policy import (
     Tier,
     Transient,
 )
+from headrace.policy.retention import Retention
 from headrace.runtime import (
     App,
     Context,
@@ -59,6 +60,7 @@ __all__ = [
     "RemoteFailed",
     "RemoteWait",
     "Result",
+    "Retention",
     "RetryPolicy",
     "StoreError",
     "StoreUnavailable",

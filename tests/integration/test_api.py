@@ -129,6 +129,26 @@ async def test_a_429_keeps_the_contributor_in_its_session(tmp_path: Path) -> Non
         assert SESSION_COOKIE in refused.cookies  # a new session, kept for the retry
 
 
+async def test_an_admin_closes_an_event_and_it_takes_no_more_uploads(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        refused = await h.client.post("/v1/events/gala/close", headers=h.auth("moderator"))
+        assert refused.status_code == 403
+        closed = await h.client.post("/v1/events/gala/close", headers=h.auth("admin"))
+        assert closed.status_code == 200
+        assert closed.json() == {"event": "gala", "state": "closed", "applied": True}
+        again = await h.client.post("/v1/events/gala/close", headers=h.auth("admin"))
+        assert again.json()["applied"] is False
+        upload = await h.upload()
+        assert upload.status_code == 409 and error_code(upload) == "event_closed"
+        assert not [p for p in (tmp_path / "media").rglob("blobs/*/*") if p.is_file()]
+        rows = await h.moderation.app.store.audit_log(kind="event", record_id="gala")
+        assert [(r.action, r.actor, r.outcome) for r in rows] == [
+            ("event.closed", "moderator", "denied"),
+            ("event.closed", "admin", "applied"),
+            ("event.closed", "admin", "unchanged: closed"),
+        ]
+
+
 @pytest.mark.parametrize(
     ("headers", "body", "status", "code"),
     [

@@ -142,10 +142,13 @@ async def test_migrating_from_empty_gives_the_declared_schema(
         "audit",
         "outbox",
         "ledger",
+        "group_rollup",
+        "pruner",
     }
     indexes = {row[1] for row in ours["indexes"]}
     assert {"tasks_claim_order", "tasks_ready_run_at", "tasks_running_lease"} <= indexes
     assert {"tasks_waiting_polls", "tasks_key"} <= indexes
+    assert {"tasks_finished", "task_deps_task", "audit_at", "outbox_delivered"} <= indexes
 
 
 async def test_the_claim_index_is_partial_on_ready_tasks(

@@ -1,4 +1,4 @@
-"""Durations as people write them: 6, 6.5, "6s", "250ms", "1m", "2h"."""
+"""Durations as people write them: 6, 6.5, "6s", "250ms", "1m", "2h", "7d"."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import re
 
 from headrace.policy.errors import ConfigError
 
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 
 Duration = float | int | str
 
@@ -44,3 +44,15 @@ def _as_float(value: int | float) -> float:
         return float(value)
     except OverflowError:  # an int beyond any float: refused below as not finite
         return math.inf if value > 0 else -math.inf
+
+
+def spoken(value: float) -> str:
+    """Seconds as `seconds` reads them back, in the largest unit that divides them: `30d`,
+    `12h`, `5m`, `90s`, `250ms`, `1.5s`."""
+    for unit in ("d", "h", "m", "s"):
+        size = _UNITS[unit]
+        if value >= size and value % size == 0:
+            return f"{value / size:g}{unit}"
+    if 0 < value < 1:
+        return f"{value * 1000:g}ms"
+    return f"{value:g}s"

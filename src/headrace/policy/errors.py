@@ -15,6 +15,7 @@ HeadraceError
     ├── UnknownRecord      no record of that kind and id
     ├── QueueFull          a stage's waiting bound is reached and the producer asked to refuse
     ├── SchemaTooNew       the store was migrated by a newer headrace than this one
+    ├── PrunerBusy         another process holds the pruner's lease: one prunes at a time
     └── StoreUnavailable   the store cannot be reached (connection lost): retry the verb later
 """
 
@@ -168,6 +169,18 @@ class SchemaTooNew(StoreError):
         )
         self.version = version
         self.known = known
+
+
+class PrunerBusy(StoreError):
+    """Another process holds the pruner's lease (store/pruning.py): one prunes at a time."""
+
+    def __init__(self, holder: str, left: float) -> None:
+        super().__init__(
+            f"another pruner is running ({holder}, its lease ends in {max(0.0, left):.0f}s); "
+            "try again once it is done"
+        )
+        self.holder = holder
+        self.left = left
 
 
 class StoreUnavailable(StoreError):

@@ -9,7 +9,7 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, overload
+from typing import TYPE_CHECKING, Literal, overload
 
 from headrace.policy import gate as gating
 from headrace.policy.clock import Clock
@@ -17,6 +17,7 @@ from headrace.policy.durations import Duration, positive_seconds, seconds
 from headrace.policy.errors import ConfigError, QueueFull
 from headrace.policy.gate import GateConfig
 from headrace.policy.rate import Rate
+from headrace.policy.retention import Retention
 from headrace.policy.retry import RetryPolicy
 from headrace.policy.tiers import Tier
 from headrace.runtime.classes import check_class_name
@@ -25,6 +26,9 @@ from headrace.runtime.results import Pending, RemoteWait, Result
 from headrace.store.base import Store
 from headrace.store.types import NewTask, Settings, Sibling, StageLimits, Submitted, check_text
 from headrace.store.urls import open_store
+
+if TYPE_CHECKING:
+    from headrace.runtime.pruner import PruneHook
 
 HandlerResult = Result | RemoteWait | None
 Handler = Callable[[Context, str], Awaitable[HandlerResult] | HandlerResult]
@@ -163,12 +167,16 @@ class App:
         clock: Clock | None = None,
         aging_step: Duration = "60s",
         poison_expiries: int = 3,
+        retention: Retention | None = None,
     ) -> None:
         self.url = url
         self._store = store
         self._clock = clock
         self.aging_step = seconds(aging_step, field="aging_step")
         self.poison_expiries = poison_expiries
+        # How long finished work is kept, and how often workers prune (runtime/pruner.py).
+        self.retention = retention or Retention()
+        self.prune_hooks: list[PruneHook] = []
         self.gates: dict[str, GateConfig] = {}
         self.definitions: dict[str, TaskDefinition] = {}
         self._opened: Store | None = None
@@ -346,6 +354,11 @@ class App:
         if self._opened is None:
             raise ConfigError("app: not opened yet; `await app.open()` or `async with app`")
         return self._opened
+
+    def on_prune(self, hook: PruneHook) -> None:
+        """Run `hook` in every prune, after the store's rows (a pipeline's records and files):
+        it gets the run (`PruneRun`) and returns how many of each kind it removed."""
+        self.prune_hooks.append(hook)
 
     def on_close(self, callback: Callable[[], Awaitable[object]]) -> None:
         """Run `callback` when the app closes (e.g. close a provider's HTTP client)."""

@@ -44,6 +44,7 @@ from headrace.runtime.classes import ClassBudget
 from headrace.runtime.completions import Completions
 from headrace.runtime.context import Context
 from headrace.runtime.memory import DEFAULT_MEMORY, WorkerMemory
+from headrace.runtime.pruner import Pruner
 from headrace.runtime.results import RemoteWait, Result
 from headrace.store.dispatch import earliest
 from headrace.store.types import (
@@ -70,6 +71,8 @@ OUTAGE_PAUSE = 0.25
 OUTAGE_PAUSE_MAX = 5.0
 BACKOFFS_KEPT = 64  # never spin when the store's next event is "now"
 DEFAULT_SLOTS = 4
+PRUNE_CHECKS = 4  # looks per `retention.every` for a due run
+PRUNE_CHECK_MIN = 1.0  # seconds
 
 
 @dataclass
@@ -95,7 +98,8 @@ class Worker:
     """`slots` handlers at once; `poll_slots` remote-job checks at once. Leases last `lease` and
     are renewed every `renew` (default: a third of the lease), which must be shorter. `memory`:
     the bytes the running tasks may be charged at once (`NewTask.memory`; runtime/memory.py),
-    an int or a size such as "768MiB"; None: no budget."""
+    an int or a size such as "768MiB"; None: no budget. `prune`: while it runs (not in a
+    drain), prune the store when a run is due by the app's retention (runtime/pruner.py)."""
 
     def __init__(
         self,
@@ -113,6 +117,7 @@ class Worker:
         classes: Mapping[str, int] | None = None,
         borrow: bool = True,
         memory: int | str | None = DEFAULT_MEMORY,
+        prune: bool = True,
     ) -> None:
         if slots is not None and (isinstance(slots, bool) or slots < 1):
             raise ConfigError(f"worker.slots: expected a positive integer, got {slots!r}")
@@ -122,6 +127,8 @@ class Worker:
         # Slots a class leaves idle run a class with more slots meanwhile (`ClassBudget.lendable`).
         self.borrow = borrow
         self.memory = WorkerMemory(memory)
+        # Run the pruner when a run is due (`run` only, never `drain`; runtime/pruner.py).
+        self.prune = prune and app.retention.every is not None
         self.slots = slots or self._default_slots()
         self.poll_slots = poll_slots or self.slots
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -181,16 +188,34 @@ class Worker:
     async def _serve(self, *, until_idle: bool) -> None:
         await self.app.open()
         self.app.listen(self._wake)
-        renewer = asyncio.create_task(self._renew_forever(), name=f"{self.name}:renew")
+        helpers = [asyncio.create_task(self._renew_forever(), name=f"{self.name}:renew")]
+        if not until_idle and self.prune:
+            helpers.append(asyncio.create_task(self._prune_forever(), name=f"{self.name}:prune"))
         try:
             await self._loop(until_idle)
         finally:
             self.app.unlisten(self._wake)
             self._completions().kick()  # no claim comes now: waiting outcomes are written
             await self._shutdown()
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
+            for helper in helpers:
+                helper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await helper
+
+    async def _prune_forever(self) -> None:
+        """Prune when a run is due: checked at the start and four times per `every`, so the
+        store's lease row lets one process of the fleet in about once per period."""
+        every = self.app.retention.every
+        assert every is not None
+        pruner = Pruner(self.app, holder=self.name)
+        while True:
+            try:
+                await pruner.run_if_due()
+            except StoreUnavailable as error:
+                log.warning("pruner: store unavailable (%s); trying at the next check", error)
+            except Exception:
+                log.exception("pruner: the run failed; trying at the next check")
+            await asyncio.sleep(max(PRUNE_CHECK_MIN, every / PRUNE_CHECKS))
 
     async def _loop(self, until_idle: bool) -> None:
         while not self._stopping:

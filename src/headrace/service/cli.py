@@ -28,10 +28,11 @@ from headrace.pipelines.providersim import parse_inject, parse_quotas, parse_spr
 from headrace.pipelines.studio_scenario import Scenario
 from headrace.policy.durations import seconds
 from headrace.policy.errors import ConfigError
+from headrace.policy.retention import Retention
 from headrace.runtime.app import App
 from headrace.runtime.memory import DEFAULT_MEMORY, MIB, parse_size
 from headrace.runtime.worker import Worker
-from headrace.service import logs, status, tasks
+from headrace.service import logs, prune, status, tasks
 from headrace.service.api.auth import Role, create_token, revoke_token
 from headrace.service.api.deps import ApiSettings, Delivery, host_names
 from headrace.service.apps import require_existing, resolve, store_url
@@ -120,6 +121,32 @@ def _memory_budget(ctx: click.Context, param: click.Parameter, value: str) -> in
         return parse_size(value, field="--memory")
     except ConfigError as error:
         raise WrongInput(str(error)) from None
+
+
+def retention_option(command: F) -> F:
+    """`--retention NAME=AGE` (repeatable; HEADRACE_RETENTION, words separated by spaces): how
+    long finished work is kept and how often workers prune, as `worker`, `serve`, `prune` and
+    `status` take it."""
+    return click.option(
+        "--retention",
+        "retention",
+        multiple=True,
+        envvar="HEADRACE_RETENTION",
+        show_envvar=True,
+        metavar="NAME=AGE",
+        help="A retention setting, e.g. dead=14d, succeeded=6h, every=off, batch=1000 "
+        "(repeatable; the variable: words separated by spaces). Default: the app's.",
+    )(command)
+
+
+def with_retention(app: App, words: tuple[str, ...]) -> App:
+    """`app` with the `--retention` words applied over its own; a bad one fails in one line."""
+    if words:
+        try:
+            app.retention = Retention.parse(words, base=app.retention)
+        except ConfigError as error:
+            raise WrongInput(f"--retention: {error}") from None
+    return app
 
 
 def _allowed_hosts(
@@ -335,6 +362,7 @@ def demo_moderation(
 @click.option("--timeout", help="Time limit of an attempt whose stage sets none (default: none).")
 @click.option("--name", help="Worker name in leases and attempt history.")
 @memory_option
+@retention_option
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -350,11 +378,13 @@ def worker(
     timeout: str | None,
     name: str | None,
     memory: int | None,
+    retention: tuple[str, ...],
 ) -> None:
-    """Run a worker for the app at MODULE:ATTR (or --app) until SIGINT or SIGTERM."""
+    """Run a worker for the app at MODULE:ATTR (or --app) until SIGINT or SIGTERM. It prunes
+    the store by the app's retention (see --retention) when a run is due."""
     target = _one_target(ctx, target, app_target)
     budget = _class_slots(classes)
-    app = resolve(db, target)
+    app = with_retention(resolve(db, target), retention)
     runner = Worker(
         app,
         slots=slots,
@@ -488,6 +518,7 @@ async def _serve(runner: Worker, target: str) -> None:
 )
 @admission_options
 @memory_option
+@retention_option
 def serve(
     db: str | None,
     media: str,
@@ -505,6 +536,7 @@ def serve(
     per_session: int,
     stage_bound: int,
     memory: int | None,
+    retention: tuple[str, ...],
 ) -> None:
     """Serve the HTTP API, the moderator page and /metrics (until SIGINT or SIGTERM)."""
     relay = None
@@ -515,6 +547,7 @@ def serve(
     admission = Admission(per_event=per_event, per_session=per_session, stage_bound=stage_bound)
     url = store_url(db) if db else None
     moderation = make_moderation(url, media, clamd, admission=admission)
+    with_retention(moderation.app, retention)
     use_store(moderation.app.url)
     check_media(moderation.media)
     if clamd is not None and not ClamdScanner(clamd).ping():
@@ -631,11 +664,17 @@ def cancel(db: str | None, app_target: str | None, task_id: int) -> None:
 @click.option("--group", "groups", multiple=True, help="Only this group (repeat for more).")
 @click.option("--watch", is_flag=True, help="Redraw until Ctrl-C.")
 @click.option("--every", default="1s", show_default=True, help="Time between redraws.")
+@retention_option
 def status_command(
-    db: str | None, app_target: str | None, groups: tuple[str, ...], watch: bool, every: str
+    db: str | None,
+    app_target: str | None,
+    groups: tuple[str, ...],
+    watch: bool,
+    every: str,
+    retention: tuple[str, ...],
 ) -> None:
-    """Groups (progress and cost), stages (queued and running work) and gates."""
-    app = require_existing(resolve(db, app_target))
+    """Groups (progress and cost), stages (queued and running work), gates, and retention."""
+    app = with_retention(require_existing(resolve(db, app_target)), retention)
     pause = _duration(every, "--every")
     if pause <= 0:
         raise click.BadParameter("must be more than 0", param_hint="--every")
@@ -644,6 +683,39 @@ def status_command(
         return
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a watch ends, not a failure
         asyncio.run(status.watch(app, Console(), groups, every=pause))
+
+
+@main.command("prune")
+@store_options
+@retention_option
+@click.option("--dry-run", is_flag=True, help="Say what would go, per kind; change nothing.")
+def prune_command(
+    db: str | None, app_target: str | None, retention: tuple[str, ...], dry_run: bool
+) -> None:
+    """Remove what the retention says is old enough, now: finished tasks, notices, audit
+    rows, sign-ins, deliveries, and with the app's pipelines their records and files (give
+    --app for those). One pruner runs at a time: while another does, this one fails."""
+    app = with_retention(require_existing(resolve(db, app_target)), retention)
+    click.echo(asyncio.run(prune.prune(app, dry_run=dry_run)))
+
+
+@main.group()
+def event() -> None:
+    """Events of the moderation pipeline."""
+
+
+@event.command("close")
+@store_options
+@retention_option
+@click.argument("name", metavar="EVENT")
+@click.option("--by", default="cli", show_default=True, help="Who closes it, for the audit log.")
+def event_close(
+    db: str | None, app_target: str | None, retention: tuple[str, ...], name: str, by: str
+) -> None:
+    """Close EVENT: it takes no more uploads, and its settled items go with their media once
+    the retention's closed_events age has passed. Audited."""
+    app = with_retention(require_existing(resolve(db, app_target)), retention)
+    click.echo(asyncio.run(prune.close(app, name, by=by)))
 
 
 @main.command("provider-sim")

@@ -22,6 +22,7 @@ import click
 from headrace.policy.errors import (
     ConfigError,
     HeadraceError,
+    PrunerBusy,
     QueueFull,
     SchemaTooNew,
     StoreError,
@@ -93,6 +94,8 @@ def one_line(error: BaseException, url: str | None) -> CommandFailed:
         return WrongInput(f"{error} in the store {url}")
     if isinstance(error, QueueFull):
         return CommandFailed(f"{error} in the store {url}: try again later")
+    if isinstance(error, PrunerBusy):
+        return CommandFailed(f"{error} (store {url})")
     if isinstance(error, SchemaTooNew):
         return CommandFailed(f"cannot use the store {url}: {error}")
     if isinstance(error, StoreUnavailable):

@@ -1,11 +1,12 @@
-"""`headrace status`: groups, stages and gates of a store, once or redrawn until Ctrl-C."""
+"""`headrace status`: groups, stages and gates of a store, and its retention, once or redrawn
+until Ctrl-C."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -13,8 +14,10 @@ from rich.table import Table
 
 from headrace.policy import gate as gating
 from headrace.policy.gate import GateConfig, GateState, GateStatistics
+from headrace.policy.retention import Retention
 from headrace.runtime.app import App
 from headrace.service.tables import groups_table, plain
+from headrace.store.pruning import PrunerState
 from headrace.store.types import GroupReport, StageStats
 from headrace.store.urls import hide_passwords
 
@@ -29,6 +32,8 @@ class Snapshot:
     stages: tuple[StageStats, ...]
     gates: tuple[GateStatistics, ...]
     gates_note: str = ""  # what to say when there is no gate to show
+    retention: Retention = field(default_factory=Retention)  # the app's
+    pruner: PrunerState | None = None  # the pruner's lease row: its last run
 
 
 async def snapshot(app: App, groups: Sequence[str] = ()) -> Snapshot:
@@ -48,6 +53,8 @@ async def snapshot(app: App, groups: Sequence[str] = ()) -> Snapshot:
         tuple(stages),
         tuple(_with_unused(await store.gate_statistics(), app.gates.values(), now)),
         _gates_note(app),
+        app.retention,
+        await store.pruner_state(),
     )
 
 
@@ -95,6 +102,28 @@ def render(snap: Snapshot) -> Group:
         groups_table(snap.groups),
         stages_table(snap.stages),
         gates_table(snap.gates, snap.taken_at) if snap.gates else plain(snap.gates_note),
+        plain(retention_line(snap.retention)),
+        plain(pruner_line(snap.pruner, snap.taken_at)),
+    )
+
+
+def retention_line(retention: Retention) -> str:
+    """The ages after which finished rows go, as `--retention NAME=AGE` sets them."""
+    settings = ", ".join(f"{name} {value}" for name, value in retention.described())
+    return f"Retention (headrace prune; --retention NAME=AGE): {settings}"
+
+
+def pruner_line(held: PrunerState | None, now: float) -> str:
+    """The pruner's last run, or the one running now."""
+    if held is None:
+        return "Pruner: no run yet"
+    if held.until > now:
+        return f"Pruner: running now ({held.holder}, its lease ends in {age(held.until - now)})"
+    if held.done_at is None:
+        return f"Pruner: its last run failed ({held.holder}); the next one is due"
+    return (
+        f"Pruner: last run {age(now - held.done_at)} ago ({held.holder}), "
+        f"removed {held.removed} rows"
     )
 
 

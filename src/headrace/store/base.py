@@ -11,6 +11,8 @@ from typing import Any, Protocol
 
 from headrace.policy.errors import HeadraceError
 from headrace.policy.gate import GateStatistics
+from headrace.policy.retention import Retention
+from headrace.store.pruning import Pruned, PrunerState
 from headrace.store.records import Audit, AuditRow, Changed, Notice, OutboxRow, Record
 from headrace.store.types import (
     Attempt,
@@ -182,7 +184,10 @@ class Store(Protocol):
 
     async def groups(self) -> list[str]: ...
 
-    async def group_report(self, group: str) -> GroupReport: ...
+    async def group_report(self, group: str) -> GroupReport:
+        """A group's tasks per state (its pruned tasks counted too, from its rollup), its cost
+        ledger and its dead tasks still kept."""
+        ...
 
     async def gate_statistics(self) -> list[GateStatistics]: ...
 
@@ -266,4 +271,33 @@ class Store(Protocol):
 
     async def mark_delivered(self, ids: Collection[int]) -> int:
         """Mark notifications delivered; return how many were not before."""
+        ...
+
+    async def delete_records(
+        self, kind: str, ids: Collection[str], *, when: Collection[str] | None = None
+    ) -> int:
+        """Delete the records of `kind` among `ids` (those whose state is in `when`, when
+        given; never the newest record, whose seq the next one counts on from); how many."""
+        ...
+
+    # -- retention (store/pruning.py)
+
+    async def prune(self, retention: Retention, *, dry_run: bool = False) -> Pruned:
+        """Remove what `retention` says is old enough and nothing needs, in batches of
+        `retention.batch` rows, one transaction each; with `dry_run`, count what would go and
+        write nothing. The caller holds the pruner's lease (`take_pruner`)."""
+        ...
+
+    async def take_pruner(self, holder: str, *, lease_for: float, every: float = 0.0) -> bool:
+        """Hold the pruner's lease for `lease_for` seconds of the store's clock: renewed when
+        `holder` holds it, taken when nobody does and the last run ended `every` seconds ago or
+        more; False when another holds it, or a run is not due yet."""
+        ...
+
+    async def release_pruner(self, holder: str, *, removed: int | None = None) -> None:
+        """Give the lease back; `removed`: the rows a finished run removed (None: it failed)."""
+        ...
+
+    async def pruner_state(self) -> PrunerState | None:
+        """The pruner's lease row, or None before the first run."""
         ...

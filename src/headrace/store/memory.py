@@ -39,7 +39,7 @@ from headrace.store.dispatch import (
     fits_claim,
     gate_key,
 )
-from headrace.store.memory_records import MemoryRecords
+from headrace.store.memory_pruning import MemoryPruning
 from headrace.store.types import (
     ACTIVE,
     CANCELLED,
@@ -73,7 +73,7 @@ from headrace.store.types import (
 )
 
 
-class MemoryStore(MemoryRecords):
+class MemoryStore(MemoryPruning):
     def __init__(self, clock: Clock | None = None) -> None:
         super().__init__()
         self.clock = clock or LoopClock()
@@ -266,15 +266,15 @@ class MemoryStore(MemoryRecords):
             heapq.heappush(self._aging, (task.ready_since, task.id))
 
     def _is_queued(self, entry: tuple[int, float, int]) -> bool:
-        task = self._tasks[entry[2]]
-        return task.state is TaskState.READY and _entry(task) == entry
+        task = self._tasks.get(entry[2])  # None: pruned since it was queued
+        return task is not None and task.state is TaskState.READY and _entry(task) == entry
 
     def _due(self, now: float) -> None:
         """Move retries whose run_at has come into the ready queues."""
         while self._delayed and self._delayed[0][0] <= now:
             _, task_id = heapq.heappop(self._delayed)
-            task = self._tasks[task_id]
-            if task.state is TaskState.READY and task.run_at <= now:
+            task = self._tasks.get(task_id)
+            if task is not None and task.state is TaskState.READY and task.run_at <= now:
                 heapq.heappush(self._ready[_queue_of(task)], _entry(task))
 
     # -- claiming
@@ -382,9 +382,13 @@ class MemoryStore(MemoryRecords):
                 heapq.heappush(heads, (queue[0], key))
 
     def _next_run_at(self) -> float | None:
-        while self._delayed and self._tasks[self._delayed[0][1]].state is not TaskState.READY:
+        while self._delayed and not self._is_ready(self._delayed[0][1]):
             heapq.heappop(self._delayed)
         return self._delayed[0][0] if self._delayed else None
+
+    def _is_ready(self, task_id: int) -> bool:
+        task = self._tasks.get(task_id)
+        return task is not None and task.state is TaskState.READY
 
     def _lane(self, task: TaskRecord) -> str:
         return self._lanes.get(task.id, task.flow)
@@ -411,8 +415,8 @@ class MemoryStore(MemoryRecords):
         step = self.settings.aging_step
         while self._aging and step > 0 and self._aging[0][0] <= now - step:
             _, task_id = heapq.heappop(self._aging)
-            task = self._tasks[task_id]
-            if task.state is not TaskState.READY or task.ready_since is None:
+            task = self._tasks.get(task_id)
+            if task is None or task.state is not TaskState.READY or task.ready_since is None:
                 continue
             tier = aged_tier(task.tier, now - task.ready_since, step)
             if tier != task.tier:
@@ -761,10 +765,9 @@ class MemoryStore(MemoryRecords):
         ends = self._lease_ends
         while ends and ends[0][0] <= now:
             until, task_id = heapq.heappop(ends)
-            task = self._tasks[task_id]
             # An entry outlived by a renewal or by the attempt's end is passed over.
-            if task_id in self._running and task.lease_until == until:
-                found[task_id] = task
+            if task_id in self._running and self._tasks[task_id].lease_until == until:
+                found[task_id] = self._tasks[task_id]
         expired = [found[task_id] for task_id in sorted(found)]
         for task in expired:
             self._expire(task, now)
@@ -893,20 +896,24 @@ class MemoryStore(MemoryRecords):
         return dict(Counter(a.outcome for history in self._attempts.values() for a in history))
 
     async def groups(self) -> list[str]:
-        return sorted({t.group for t in self._tasks.values() if t.group is not None})
+        kept = {t.group for t in self._tasks.values() if t.group is not None}
+        return sorted(kept | {group for group, _ in self._rollup})
 
     async def group_report(self, group: str) -> GroupReport:
         members = [t for t in self._tasks.values() if t.group == group]
         by_state = dict.fromkeys(TaskState, 0)
         for task in members:
             by_state[task.state] += 1
+        for state, pruned in self._rolled_up(group).items():
+            by_state[state] += pruned
         cost = {kind: units for (g, kind), units in self._ledger.items() if g == group}
         failures = tuple(
             Failure(t.id, t.kind, t.ref, t.error_code, t.attempt)
             for t in members
             if t.state is TaskState.DEAD
         )
-        return GroupReport(group, len(members), by_state, dict(sorted(cost.items())), failures)
+        total = sum(by_state.values())
+        return GroupReport(group, total, by_state, dict(sorted(cost.items())), failures)
 
     async def gate_statistics(self) -> list[GateStatistics]:
         now = self.clock.now()

@@ -10,6 +10,7 @@ from typing import Any
 
 from headrace.policy.clock import Clock
 from headrace.policy.errors import UnknownRecord
+from headrace.store.pruning import AuditPlan, Mark, NoticePlan, RecordPlan
 from headrace.store.records import (
     Audit,
     AuditRow,
@@ -18,6 +19,7 @@ from headrace.store.records import (
     OutboxRow,
     Record,
     check_audit,
+    check_name,
     check_notice,
     check_page,
     check_record,
@@ -36,7 +38,9 @@ class MemoryRecords:
         self._records: dict[tuple[str, str], Record] = {}
         self._record_seq = itertools.count(1)
         self._audit: list[AuditRow] = []
+        self._audit_ids = itertools.count(1)
         self._outbox: list[OutboxRow] = []
+        self._outbox_ids = itertools.count(1)
 
     async def put_record(
         self,
@@ -93,7 +97,7 @@ class MemoryRecords:
             body_copy = load(dump(notice.body))
             self._outbox.append(
                 OutboxRow(
-                    len(self._outbox) + 1,
+                    next(self._outbox_ids),
                     now,
                     notice.topic,
                     kind,
@@ -108,7 +112,7 @@ class MemoryRecords:
     def _write_audit(self, record: Record, audit: Audit, outcome: str, now: float) -> None:
         self._audit.append(
             AuditRow(
-                len(self._audit) + 1,
+                next(self._audit_ids),
                 now,
                 record.kind,
                 record.id,
@@ -204,3 +208,70 @@ class MemoryRecords:
                 self._outbox[index] = replace(row, delivered_at=now)
                 marked += 1
         return marked
+
+    # -- retention (store/pruning.py), as the SQL stores' named statements say it
+
+    def _prune_rows(
+        self, plan: NoticePlan | AuditPlan, now: float, after: Mark, limit: int
+    ) -> list[Mark]:
+        """The notices or audit rows `plan` would take next, after `after`, oldest first;
+        never the newest row."""
+        cutoff = now - plan.age
+        if isinstance(plan, NoticePlan):
+            rows = [
+                (row.delivered_at, row.id) for row in self._outbox if row.delivered_at is not None
+            ]
+            newest = max((row.id for row in self._outbox), default=0)
+        else:
+            rows = [(row.at, row.id) for row in self._audit]
+            newest = max((row.id for row in self._audit), default=0)
+        found = sorted(
+            (at, number)
+            for at, number in rows
+            if at < cutoff and (at, number) > (after.at, after.number) and number < newest
+        )
+        return [Mark(at, number) for at, number in found[:limit]]
+
+    def _delete_rows(self, plan: NoticePlan | AuditPlan, numbers: Collection[int]) -> int:
+        if isinstance(plan, NoticePlan):
+            kept = [
+                row for row in self._outbox if row.id not in numbers or row.delivered_at is None
+            ]
+            gone, self._outbox = len(self._outbox) - len(kept), kept
+        else:
+            audit = [row for row in self._audit if row.id not in numbers]
+            gone, self._audit = len(self._audit) - len(audit), audit
+        return gone
+
+    def _prunable_records(
+        self, plan: RecordPlan, now: float, after: Mark, limit: int
+    ) -> list[Record]:
+        """Records of the plan's kind last changed before its cutoff, after a seq, in seq
+        order; never the newest record."""
+        newest = max((record.seq for record in self._records.values()), default=0)
+        found = sorted(
+            (
+                record
+                for record in self._records.values()
+                if record.kind == plan.kind
+                and record.changed_at < now - plan.age
+                and after.number < record.seq < newest
+            ),
+            key=lambda record: record.seq,
+        )
+        return found[:limit]
+
+    async def delete_records(
+        self, kind: str, ids: Collection[str], *, when: Collection[str] | None = None
+    ) -> int:
+        check_name(kind, "record.kind")
+        newest = max((record.seq for record in self._records.values()), default=0)
+        gone = 0
+        for record_id in set(ids):
+            record = self._records.get((kind, record_id))
+            if record is None or record.seq >= newest:
+                continue
+            if when is None or record.state in when:
+                del self._records[kind, record_id]
+                gone += 1
+        return gone

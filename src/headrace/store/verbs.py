@@ -1,15 +1,20 @@
 """The `Store` verbs of the SQL stores, each one transaction of the state machine
-(`store/machine/`): written once for SQLite and PostgreSQL, which differ only in how they run a
-transaction (`_write`, `_read`) and in their claims."""
+(`store/machine/`), or for pruning one transaction a batch: written once for SQLite and
+PostgreSQL, which differ only in how they run a transaction (`_write`, `_read`) and in their
+claims."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from headrace.policy.errors import HeadraceError
 from headrace.policy.gate import GateStatistics
+from headrace.policy.retention import Retention
+from headrace.store import pruning
 from headrace.store.machine import Transaction
+from headrace.store.pruning import Batch, Mark, Pruned, PrunerState
 from headrace.store.records import (
     Audit,
     AuditRow,
@@ -18,6 +23,7 @@ from headrace.store.records import (
     OutboxRow,
     Record,
     check_audit,
+    check_name,
     check_notice,
     check_page,
     check_record,
@@ -257,6 +263,46 @@ class RecordVerbs:
     async def mark_delivered(self: Transacts, ids: Collection[int]) -> int:
         wanted = sorted(ids)
         return await self._write(lambda tx: tx.mark_delivered(wanted))
+
+
+class PruneVerbs:
+    """Retention (store/pruning.py) for a store that `Transacts`: a run is a batch per
+    transaction; a dry run reads the same candidates and writes nothing."""
+
+    async def prune(self: Transacts, retention: Retention, *, dry_run: bool = False) -> Pruned:
+        batches: list[Batch] = []
+        for plan in pruning.plans(retention):
+            mark, done = Mark(), False
+            while not done:
+                step = functools.partial(_prune_step, plan, mark, retention.batch, dry_run)
+                batch = await (self._read(step) if dry_run else self._write(step))
+                batches.append(batch)
+                mark, done = batch.mark, batch.done
+        return pruning.tally(batches)
+
+    async def delete_records(
+        self: Transacts, kind: str, ids: Collection[str], *, when: Collection[str] | None = None
+    ) -> int:
+        check_name(kind, "record.kind")
+        wanted, states = sorted(ids), None if when is None else frozenset(when)
+        return await self._write(lambda tx: tx.delete_records(kind, wanted, states))
+
+    async def take_pruner(
+        self: Transacts, holder: str, *, lease_for: float, every: float = 0.0
+    ) -> bool:
+        return await self._write(lambda tx: tx.take_pruner(holder, lease_for, every))
+
+    async def release_pruner(self: Transacts, holder: str, *, removed: int | None = None) -> None:
+        await self._write(lambda tx: tx.release_pruner(holder, removed))
+
+    async def pruner_state(self: Transacts) -> PrunerState | None:
+        return await self._read(lambda tx: tx.pruner_state())
+
+
+async def _prune_step(
+    plan: pruning.Plan, after: Mark, limit: int, dry_run: bool, tx: Transaction
+) -> Batch:
+    return await tx.prune_batch(plan, after, limit, dry_run)
 
 
 def kinds_list(kinds: Collection[str] | None) -> list[str] | None:

@@ -130,7 +130,16 @@ async def run_burst(
     samples: list[StageSample] = []
     done = asyncio.Event()
     crew = [
-        hr.Worker(app, slots=slots, classes=classes, name=f"burst-{n}", lease="60s", memory=memory)
+        # No pruner: its upload sweep would submit what the sessions' clients hold back.
+        hr.Worker(
+            app,
+            slots=slots,
+            classes=classes,
+            name=f"burst-{n}",
+            lease="60s",
+            memory=memory,
+            prune=False,
+        )
         for n in range(workers)
     ]
     running = [asyncio.create_task(worker.run()) for worker in crew]

@@ -30,6 +30,10 @@ read from headers when the upload is accepted. A validated image with bytes past
 page or an archive appended: a polyglot) is kept as received and flagged `media.trailing_data`
 (`Item.flags`) for moderators. A refused item's original is deleted unless another item needs
 the same bytes (`Moderation._release_original`).
+
+Retention (`upkeep`): when the pruner runs, the items turned away (rejected, quarantined, refused)
+and the settled items of a closed event go once old enough, with their derivatives and, unless
+another item still names it, their original; an accepted upload no task names is queued.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import functools
 import io
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -142,6 +146,8 @@ class Staff:
 
 
 ITEM = "item"  # the kind of an item's record in the store
+EVENT = "event"  # the kind of an event's record: written when it is closed
+CLOSED = "closed"  # a closed event's state: it takes no upload, its items go after a while
 
 
 @dataclass(frozen=True)
@@ -199,6 +205,14 @@ class OriginalGone(HeadraceError):
     def __init__(self, media_id: str) -> None:
         super().__init__(f"media id {media_id}: the upload's bytes were not kept; send it again")
         self.media_id = media_id
+
+
+class EventClosed(ConfigError):
+    """An upload to an event that was closed (`upkeep.close_event`)."""
+
+    def __init__(self, event: str) -> None:
+        super().__init__(f"event {event}: closed; it takes no more uploads")
+        self.event = event
 
 
 class UploadConflict(ConfigError):
@@ -301,6 +315,9 @@ class Moderation:
         self.admission = admission or Admission()
         self.order = order
         self._declare()
+        from headrace.pipelines.moderation.upkeep import Upkeep  # it builds on this module
+
+        app.on_prune(Upkeep(self).prune)
 
     # -- accepting
 
@@ -321,6 +338,8 @@ class Moderation:
         are the first upload's)."""
         check_label(event, "event")
         check_label(session, "session")
+        if await self.closed(event):  # before the bytes are kept: nothing to clear after
+            raise EventClosed(event)
         async with self.media.writer(limit=self.max_bytes) as writer:
             await off_loop(writer.write_from, source)
             blob = await writer.keep()
@@ -358,6 +377,8 @@ class Moderation:
         if media_id is not None:
             check_media_id(media_id)
         check_caption(caption)
+        if await self.closed(event):
+            raise EventClosed(event)
         async with self._readable(blob.digest, local) as path:
             queued_as = await off_loop(sniff, path) or MediaClass.IMAGE
             memory = await self.work.estimate(path)
@@ -425,6 +446,11 @@ class Moderation:
                 raise
         return item
 
+    async def closed(self, event: str) -> bool:
+        """Whether `event` was closed."""
+        found = await self.app.store.get_record(EVENT, check_label(event, "event"))
+        return found is not None and found.state == CLOSED
+
     async def accept_bytes(
         self, data: bytes, *, event: str, session: str, staff: Staff | None = None
     ) -> Item:
@@ -439,7 +465,7 @@ class Moderation:
             item.media_id,
             group=item.event,
             flow=item.session if self.order == "fair" else "arrival",
-            key=f"validate:{item.media_id}",
+            key=validate_key(item.media_id),
             weight=item.weight,
             memory=decode_charge(item.memory),
         )
@@ -562,21 +588,44 @@ class Moderation:
 
     async def _release_original(self, item: Item) -> None:
         """Delete a refused item's original unless another item that is not refused names the
-        same digest. Safe against an upload of the same bytes at that moment: the original is
-        first taken out of its place (moved), then the records are read; an upload whose record
-        was written before that read is seen and the original is put back, and one whose record
-        comes after finds it missing (`OriginalGone`) or, kept after the taking, its own copy
-        in place, which the deletion does not touch. On a bucket a move is a copy and a delete:
-        the records are read after the delete, so the same holds."""
-        taken = await self.media.take_blob(item.digest)
-        if taken is None:
-            return
-        needed = any(
-            other.digest == item.digest and other.state is not ItemState.REFUSED
-            for other in await self.records.all()
-            if other.media_id != item.media_id
-        )
-        await self.media.settle_blob(item.digest, taken, keep=needed)
+        same digest (`release_originals`)."""
+        await self.release_originals({item.digest}, leaving={item.media_id})
+
+    async def release_originals(
+        self, digests: Collection[str], *, leaving: Collection[str]
+    ) -> int:
+        """Delete the originals of `digests` that no item but those `leaving` (and refused
+        ones) names; return how many went. Safe against an upload of the same bytes at that
+        moment: each original is first taken out of its place (moved), then the records are
+        read; an upload whose record was written before that read is seen and the original is
+        put back, and one whose record comes after finds it missing (`MissingMedia`) or, kept
+        after the taking, its own copy in place, which the deletion does not touch. On a
+        bucket a move is a copy and a delete: the records are read after the delete, so the
+        same holds."""
+        taken = {}
+        for digest in sorted(digests):
+            found = await self.media.take_blob(digest)
+            if found is not None:
+                taken[digest] = found
+        named = await self.naming(taken, leaving=leaving) if taken else {}
+        for digest, where in taken.items():
+            await self.media.settle_blob(digest, where, keep=digest in named)
+        return len(taken.keys() - named.keys())
+
+    async def naming(
+        self, digests: Collection[str], *, leaving: Collection[str]
+    ) -> dict[str, list[Item]]:
+        """The items that still need one of `digests`, by digest: every item but those
+        `leaving` and those refused names its original (a refused one's was released)."""
+        found: dict[str, list[Item]] = {}
+        for other in await self.records.all():
+            if (
+                other.digest in digests
+                and other.media_id not in leaving
+                and other.state is not ItemState.REFUSED
+            ):
+                found.setdefault(other.digest, []).append(other)
+        return found
 
     async def _derivatives(self, item: Item) -> Derived:
         """(media id, stage version)'s derivatives: made once, reused by every later attempt
@@ -683,6 +732,11 @@ def stage_options(
     )
 
 
+def validate_key(media_id: str) -> str:
+    """The idempotency key of an item's validate task: it is queued once."""
+    return f"validate:{media_id}"
+
+
 def validate_stage(media_class: MediaClass) -> str:
     return f"moderation.validate.{media_class.value}"
 
@@ -713,9 +767,12 @@ def check_label(value: str, field: str) -> str:
 
 
 __all__ = [
+    "CLOSED",
     "DERIVE_VERSION",
+    "EVENT",
     "ITEM",
     "Admission",
+    "EventClosed",
     "Item",
     "ItemState",
     "MediaWork",
@@ -733,5 +790,6 @@ __all__ = [
     "derive_stage",
     "scan_stage",
     "stage_options",
+    "validate_key",
     "validate_stage",
 ]

@@ -34,7 +34,16 @@ from headrace.pipelines.moderation.media import MediaUnavailable
 from headrace.pipelines.moderation.pipeline import Moderation
 from headrace.policy.errors import ConfigError, StoreUnavailable
 from headrace.runtime.worker import Worker
-from headrace.service.api import items, metrics, page, status, uploads, webhooks, websafety
+from headrace.service.api import (
+    events,
+    items,
+    metrics,
+    page,
+    status,
+    uploads,
+    webhooks,
+    websafety,
+)
 from headrace.service.api.auth import Role
 from headrace.service.api.deps import (
     ApiError,
@@ -92,7 +101,7 @@ def create_api(
         redoc_url=None,
     )
     api.state.service = service
-    routers = (uploads.router, items.router, status.router, webhooks.router)
+    routers = (uploads.router, items.router, events.router, status.router, webhooks.router)
     for router in (*routers, page.router, page.forms):
         api.include_router(router)
     static = resources.files("headrace.service.api").joinpath("static")

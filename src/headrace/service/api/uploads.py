@@ -7,7 +7,8 @@ largest size any class takes the answer is 413 at once, with nothing kept (a `Co
 already too large is refused before a byte is read). The answer is 202, with the media id and
 state `queued`, only once the bytes, the item's record and its validate task are committed.
 When the event's or the session's admission bound is full: 429 with `Retry-After`, the item
-kept as `declined` until it is sent again.
+kept as `declined` until it is sent again. An event that was closed takes no upload: 409
+`event_closed`, before a byte of the body is read.
 
 `Idempotency-Key`: the media id is derived from it (with the token and the event), so a retry
 finds the first upload's record and task and gets the first answer; the same key with other
@@ -30,7 +31,7 @@ from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from headrace.pipelines.moderation.media import BlobWriter, TooLarge
-from headrace.pipelines.moderation.pipeline import MAX_CAPTION, UploadConflict
+from headrace.pipelines.moderation.pipeline import MAX_CAPTION, EventClosed, UploadConflict
 from headrace.policy.errors import ConfigError, QueueFull
 from headrace.policy.text import text_problem
 from headrace.service.api.auth import Role
@@ -170,6 +171,10 @@ async def read_form(chunks: AsyncIterator[bytes], boundary: bytes, writer: BlobW
     return form
 
 
+def closed(event: str) -> ApiError:
+    return ApiError(409, "event_closed", f"event {event} was closed: it takes no more uploads")
+
+
 def media_id_for(token_id: str, event: str, key: str) -> str:
     """The media id an idempotency key stands for: the same key of the same token and event,
     the same id."""
@@ -210,6 +215,7 @@ def session_cookie(svc: Service, event: str, session: str) -> dict[str, str]:
         401: {"description": "no valid bearer token"},
         403: {"description": "the token's role may not upload"},
         404: {"description": "no such event for this token"},
+        409: {"description": "the event was closed: it takes no more uploads"},
         413: {"description": "larger than any class takes"},
         415: {"description": "not multipart/form-data"},
         422: {"description": "a bad field, or an idempotency key reused with other content"},
@@ -251,6 +257,8 @@ async def upload(
             raise ApiError(422, "invalid", "Idempotency-Key: 1 to 200 printable ASCII characters")
         media_id = media_id_for(who.token_id, event, idempotency_key)
     moderation = svc.moderation
+    if await moderation.closed(event):
+        raise closed(event)
     limit = moderation.max_bytes
     check_length(request, limit)
     boundary = boundary_of(request)
@@ -271,6 +279,8 @@ async def upload(
             )
     except TooLarge:
         raise too_large(limit) from None
+    except EventClosed:  # closed while the body arrived
+        raise closed(event) from None
     except UploadConflict as conflict:
         raise ApiError(
             422,

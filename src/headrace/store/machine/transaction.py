@@ -25,6 +25,7 @@ from headrace.policy.errors import (
 )
 from headrace.policy.gate import GateStatistics
 from headrace.store.machine.claim import Claiming
+from headrace.store.machine.pruning import PruneSteps
 from headrace.store.machine.records import RecordSteps
 from headrace.store.rows import (
     attempt_of,
@@ -44,7 +45,7 @@ from headrace.store.types import (
 )
 
 
-class Transaction(Claiming, RecordSteps):
+class Transaction(Claiming, RecordSteps, PruneSteps):
     """One verb's transaction: the statements it runs and the state machine's steps, as in
     `MemoryStore` and `SQLiteStore` (the conformance suite holds the three to one semantics)."""
 
@@ -94,6 +95,8 @@ class Transaction(Claiming, RecordSteps):
 
     async def group_report(self, group: str) -> GroupReport:
         by_state = counts_by_state(await self.rows("group_counts", grp=group))
+        for state, pruned in (await self.rollup(group)).items():  # its tasks pruned so far
+            by_state[state] += pruned
         spent = await self.rows("group_ledger", grp=group)
         cost = dict(sorted((str(r["kind"]), float(r["units"])) for r in spent))
         failures = tuple(

@@ -85,7 +85,7 @@ from headrace.store.types import (
     Submitted,
     Succeeded,
 )
-from headrace.store.verbs import RecordVerbs, TransactionVerbs, kinds_list
+from headrace.store.verbs import PruneVerbs, RecordVerbs, TransactionVerbs, kinds_list
 
 T = TypeVar("T")
 
@@ -102,7 +102,7 @@ CLOCK_REUSE = 1.0
 CONFLICT_TRIES = 5
 
 
-class PostgresStore(TransactionVerbs, RecordVerbs):
+class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
     """The store many processes on many hosts share: one PostgreSQL schema."""
 
     def __init__(

@@ -48,7 +48,7 @@ from headrace.store.sqlite.connection import (
 )
 from headrace.store.sqlite.wake import WakeChannel
 from headrace.store.types import ClaimResult, KindLimit, Lease, MemoryRoom, Outcome, Settings
-from headrace.store.verbs import RecordVerbs, TransactionVerbs, kinds_list
+from headrace.store.verbs import PruneVerbs, RecordVerbs, TransactionVerbs, kinds_list
 
 T = TypeVar("T")
 
@@ -56,7 +56,7 @@ T = TypeVar("T")
 DATA_VERSION_POLL = 0.02
 
 
-class SQLiteStore(TransactionVerbs, RecordVerbs):
+class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
     """The embedded store: one SQLite file, shared by the processes of one host."""
 
     def __init__(

@@ -59,8 +59,10 @@ CREATE INDEX tasks_waiting_polls ON tasks (run_at, id) WHERE state = 'waiting';
 CREATE INDEX tasks_kind_state ON tasks (kind, state);
 CREATE INDEX tasks_group_state ON tasks (grp, state);
 CREATE INDEX tasks_lost_by ON tasks (lost_by) WHERE lost_by IS NOT NULL;
+CREATE INDEX tasks_finished ON tasks (state, finished_at, id) WHERE finished_at IS NOT NULL;
 
--- `task_id` waits on `dep_id`; kept after the outcome, so a redrive can restore dependents.
+-- `task_id` waits on `dep_id`; kept after the outcome, so a redrive can restore dependents;
+-- removed when the pruner removes either task.
 CREATE TABLE task_deps (
     dep_id  bigint NOT NULL REFERENCES tasks (id),
     task_id bigint NOT NULL REFERENCES tasks (id),
@@ -159,6 +161,7 @@ CREATE TABLE audit (
 );
 CREATE INDEX audit_by_record ON audit (kind, record_id);
 CREATE INDEX audit_by_scope ON audit (scope);
+CREATE INDEX audit_at ON audit (at, id);
 -- Notifications owed by changes, written with them, kept until a relay delivers them.
 CREATE TABLE outbox (
     id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -171,3 +174,22 @@ CREATE TABLE outbox (
     delivered_at double precision
 );
 CREATE INDEX outbox_pending ON outbox (id) WHERE delivered_at IS NULL;
+CREATE INDEX outbox_delivered ON outbox (delivered_at, id) WHERE delivered_at IS NOT NULL;
+
+-- A group's pruned tasks per state, which its report adds to what its kept tasks count.
+CREATE TABLE group_rollup (
+    grp   text   NOT NULL,
+    state text   NOT NULL,
+    n     bigint NOT NULL,
+    PRIMARY KEY (grp, state)
+);
+
+-- The pruner's lease (store/pruning.py): one process prunes at a time, and a run starts once
+-- the last one ended long enough ago.
+CREATE TABLE pruner (
+    name    text             PRIMARY KEY,
+    holder  text             NOT NULL,
+    until   double precision NOT NULL,
+    done_at double precision,
+    removed bigint           NOT NULL DEFAULT 0
+);

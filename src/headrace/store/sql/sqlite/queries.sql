@@ -258,8 +258,10 @@ GROUP BY kind
 ORDER BY kind;
 
 -- name: group_names
--- Every group that names at least one task.
-SELECT DISTINCT grp FROM tasks WHERE grp IS NOT NULL;
+-- Every group that names at least one task, kept or pruned.
+SELECT grp FROM tasks WHERE grp IS NOT NULL
+UNION
+SELECT grp FROM group_rollup;
 
 -- name: group_counts
 -- How many tasks of a group are in each state.
@@ -694,3 +696,127 @@ RETURNING id;
 -- name: attempt_outcomes
 -- Attempts ever made, by outcome.
 SELECT outcome, count(*) AS n FROM attempts GROUP BY outcome;
+
+-- name: prunable_tasks
+-- Tasks in a state that finished before the cutoff, after a (finished_at, id) mark, oldest first, that nothing needs: no task still to finish waits on them, they wait on no task a redrive could bring back, and they are not the newest task (new ids count on from the largest kept).
+SELECT t.id, t.finished_at FROM tasks AS t
+WHERE t.state = :state AND t.finished_at IS NOT NULL AND t.finished_at < :cutoff
+  AND (t.finished_at, t.id) > (:at, :after_id)
+  AND t.id < (SELECT max(id) FROM tasks)
+  AND NOT EXISTS (
+      SELECT 1 FROM task_deps AS d JOIN tasks AS w ON w.id = d.task_id
+      WHERE d.dep_id = t.id AND w.state IN ('pending', 'ready', 'running', 'waiting')
+  )
+  AND NOT EXISTS (
+      SELECT 1 FROM task_deps AS d JOIN tasks AS u ON u.id = d.dep_id
+      WHERE d.task_id = t.id
+        AND (u.state = 'dead' OR (u.state = 'cancelled' AND u.error_code = 'upstream_failed'))
+  )
+ORDER BY t.finished_at, t.id
+LIMIT :limit;
+
+-- name: count_attempts
+-- How many attempts tasks (a JSON array of ids) have.
+SELECT count(*) AS n FROM attempts WHERE task_id IN (SELECT value FROM json_each(:ids));
+
+-- name: lock_pruned_tasks
+-- Of the tasks about to be pruned, those still final, with their groups and states (the file's write lock keeps other writers out).
+SELECT id, grp, state FROM tasks
+WHERE id IN (SELECT value FROM json_each(:ids)) AND state IN ('succeeded', 'dead', 'cancelled')
+ORDER BY id;
+
+-- name: add_to_rollup
+-- Count pruned tasks in their group's rollup, per state.
+INSERT INTO group_rollup (grp, state, n) VALUES (:grp, :state, :n)
+ON CONFLICT (grp, state) DO UPDATE SET n = n + excluded.n;
+
+-- name: group_rollup
+-- A group's pruned tasks per state.
+SELECT state, n FROM group_rollup WHERE grp = :grp;
+
+-- name: orphan_dependents
+-- Tasks cancelled because one of these dead or cancelled tasks failed them can no longer be restored by a redrive: they say so.
+UPDATE tasks SET error_code = 'upstream_pruned'
+WHERE state = 'cancelled' AND error_code = 'upstream_failed'
+  AND id NOT IN (SELECT value FROM json_each(:ids))
+  AND id IN (
+      SELECT d.task_id FROM task_deps AS d JOIN tasks AS x ON x.id = d.dep_id
+      WHERE d.dep_id IN (SELECT value FROM json_each(:ids)) AND x.state IN ('dead', 'cancelled')
+  );
+
+-- name: delete_attempts
+-- Delete the attempts of tasks being pruned.
+DELETE FROM attempts WHERE task_id IN (SELECT value FROM json_each(:ids)) RETURNING task_id;
+
+-- name: delete_task_deps
+-- Delete the dependency rows of tasks being pruned, on either side.
+DELETE FROM task_deps
+WHERE dep_id IN (SELECT value FROM json_each(:ids))
+   OR task_id IN (SELECT value FROM json_each(:ids));
+
+-- name: delete_tasks
+-- Delete tasks being pruned (their attempts and dependency rows went first).
+DELETE FROM tasks WHERE id IN (SELECT value FROM json_each(:ids)) RETURNING id;
+
+-- name: prunable_notices
+-- Notices delivered before the cutoff, after a (delivered_at, id) mark, oldest first; not the newest notice.
+SELECT id, delivered_at AS at FROM outbox
+WHERE delivered_at IS NOT NULL AND delivered_at < :cutoff
+  AND (delivered_at, id) > (:at, :after_id)
+  AND id < (SELECT max(id) FROM outbox)
+ORDER BY delivered_at, id
+LIMIT :limit;
+
+-- name: delete_notices
+-- Delete delivered notices.
+DELETE FROM outbox
+WHERE id IN (SELECT value FROM json_each(:ids)) AND delivered_at IS NOT NULL
+RETURNING id;
+
+-- name: prunable_audit
+-- Audit rows written before the cutoff, after an (at, id) mark, oldest first; not the newest row.
+SELECT id, at FROM audit
+WHERE at < :cutoff AND (at, id) > (:at, :after_id) AND id < (SELECT max(id) FROM audit)
+ORDER BY at, id
+LIMIT :limit;
+
+-- name: delete_audit
+-- Delete audit rows.
+DELETE FROM audit WHERE id IN (SELECT value FROM json_each(:ids)) RETURNING id;
+
+-- name: prunable_records
+-- Records of a kind last changed before the cutoff, after a seq, in seq order; not the newest record (new seqs count on from the largest kept).
+SELECT id, seq FROM records
+WHERE kind = :kind AND changed_at < :cutoff AND seq > :after
+  AND seq < (SELECT max(seq) FROM records)
+ORDER BY seq
+LIMIT :limit;
+
+-- name: delete_records
+-- Delete records of a kind by id (only those in the states given as a JSON array, when given); never the newest record.
+DELETE FROM records
+WHERE kind = :kind AND id IN (SELECT value FROM json_each(:ids))
+  AND (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
+  AND seq < (SELECT max(seq) FROM records)
+RETURNING id;
+
+-- name: take_pruner
+-- Hold the pruner's lease until a time: its holder renews it; another takes it once it ran out and the last run ended before `due`.
+INSERT INTO pruner (name, holder, until, done_at, removed)
+VALUES ('pruner', :holder, :until, NULL, 0)
+ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, until = excluded.until
+WHERE (pruner.holder = excluded.holder AND pruner.until > :now)
+   OR (pruner.until <= :now AND (pruner.done_at IS NULL OR pruner.done_at <= :due))
+RETURNING holder;
+
+-- name: release_pruner
+-- Give the pruner's lease back; a run that ended says when and how many rows it removed.
+UPDATE pruner
+SET until = :now,
+    done_at = CASE WHEN :removed IS NULL THEN done_at ELSE :now END,
+    removed = coalesce(:removed, removed)
+WHERE name = 'pruner' AND holder = :holder;
+
+-- name: pruner_state
+-- The pruner's lease: who holds (or held) it, until when, when a run last ended, what it removed.
+SELECT holder, until, done_at, removed FROM pruner WHERE name = 'pruner';

@@ -52,13 +52,17 @@ CREATE INDEX tasks_waiting_polls ON tasks (run_at, id) WHERE state = 'waiting';
 CREATE INDEX tasks_kind_state ON tasks (kind, state);
 CREATE INDEX tasks_group_state ON tasks (grp, state);
 CREATE INDEX tasks_lost_by ON tasks (lost_by) WHERE lost_by IS NOT NULL;
+CREATE INDEX tasks_finished ON tasks (state, finished_at, id) WHERE finished_at IS NOT NULL;
 
--- A row while `task_id` waits on `dep_id`; removed when `dep_id` reaches an outcome.
+-- `task_id` waits on `dep_id`; kept after the outcome (a redrive may restore dependents),
+-- removed when the pruner removes either task.
 CREATE TABLE task_deps (
     dep_id  INTEGER NOT NULL REFERENCES tasks (id),
     task_id INTEGER NOT NULL REFERENCES tasks (id),
     PRIMARY KEY (dep_id, task_id)
 ) WITHOUT ROWID;
+
+CREATE INDEX task_deps_task ON task_deps (task_id);
 
 -- One row per ticket a gate granted a task, held until the task's outcome. `started`: its call
 -- start is stamped (always, on a gate without a rate).
@@ -146,6 +150,7 @@ CREATE TABLE audit (
 );
 CREATE INDEX audit_by_record ON audit (kind, record_id);
 CREATE INDEX audit_by_scope ON audit (scope);
+CREATE INDEX audit_at ON audit (at, id);
 -- Notifications owed by changes, written with them, kept until a relay delivers them.
 CREATE TABLE outbox (
     id           INTEGER PRIMARY KEY,
@@ -158,3 +163,22 @@ CREATE TABLE outbox (
     delivered_at REAL
 );
 CREATE INDEX outbox_pending ON outbox (id) WHERE delivered_at IS NULL;
+CREATE INDEX outbox_delivered ON outbox (delivered_at, id) WHERE delivered_at IS NOT NULL;
+
+-- A group's pruned tasks per state, which its report adds to what its kept tasks count.
+CREATE TABLE group_rollup (
+    grp   TEXT    NOT NULL,
+    state TEXT    NOT NULL,
+    n     INTEGER NOT NULL,
+    PRIMARY KEY (grp, state)
+) WITHOUT ROWID;
+
+-- The pruner's lease (store/pruning.py): one process prunes at a time, and a run starts once
+-- the last one ended long enough ago.
+CREATE TABLE pruner (
+    name    TEXT    PRIMARY KEY,
+    holder  TEXT    NOT NULL,
+    until   REAL    NOT NULL,
+    done_at REAL,
+    removed INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;

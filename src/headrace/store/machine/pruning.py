@@ -1,0 +1,139 @@
+"""The pruner's steps (store/pruning.py): one batch of a plan, the group rollup it feeds, the
+records a pipeline deletes, and the pruner's lease.
+
+A batch reads its candidates (the plan's statement says which rows nothing needs any more),
+then, unless it is a dry run, locks those still final (a row another writer holds is skipped:
+the mark moves past it, the next run takes it), folds tasks into their groups' rollup and
+deletes them with their attempts and dependency rows, in plain DELETE statements.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Sequence
+
+from headrace.store.machine.core import Steps
+from headrace.store.pruning import (
+    ATTEMPTS,
+    AuditPlan,
+    Batch,
+    Mark,
+    NoticePlan,
+    Plan,
+    PrunerState,
+    RecordPlan,
+    TaskPlan,
+)
+from headrace.store.rows import Row
+from headrace.store.types import TaskState
+
+
+class PruneSteps(Steps):
+    async def prune_batch(self, plan: Plan, after: Mark, limit: int, dry_run: bool) -> Batch:
+        if isinstance(plan, TaskPlan):
+            return await self.prune_tasks(plan, after, limit, dry_run)
+        if isinstance(plan, RecordPlan):
+            found = await self.rows(
+                "prunable_records",
+                kind=plan.kind,
+                cutoff=self.now - plan.age,
+                after=after.number,
+                limit=limit,
+            )
+            marks = [Mark(0.0, int(row["seq"])) for row in found]
+            ids = [str(row["id"]) for row in found]
+            gone = len(ids) if dry_run else await self.delete_records(plan.kind, ids, None)
+            return _batch(plan.label, gone, marks, after, limit)
+        query, delete = _ROWS[type(plan)]
+        found = await self.rows(
+            query, cutoff=self.now - plan.age, at=after.at, after_id=after.number, limit=limit
+        )
+        marks = [Mark(float(row["at"]), int(row["id"])) for row in found]
+        numbers = [int(row["id"]) for row in found]
+        gone = len(numbers) if dry_run or not numbers else len(await self.rows(delete, ids=numbers))
+        return _batch(plan.label, gone, marks, after, limit)
+
+    async def prune_tasks(self, plan: TaskPlan, after: Mark, limit: int, dry_run: bool) -> Batch:
+        found = await self.rows(
+            "prunable_tasks",
+            state=plan.state.value,
+            cutoff=self.now - plan.age,
+            at=after.at,
+            after_id=after.number,
+            limit=limit,
+        )
+        marks = [Mark(float(row["finished_at"]), int(row["id"])) for row in found]
+        ids = [int(row["id"]) for row in found]
+        if not ids:
+            return _batch(plan.label, 0, marks, after, limit)
+        if dry_run:
+            attempts = int((await self.one("count_attempts", ids=ids))["n"])
+            return _batch(plan.label, len(ids), marks, after, limit, attempts)
+        held = await self.rows("lock_pruned_tasks", ids=ids)
+        ids = [int(row["id"]) for row in held]
+        await self.roll_up(held)
+        await self.run("orphan_dependents", ids=ids)
+        attempts = len(await self.rows("delete_attempts", ids=ids))
+        await self.run("delete_task_deps", ids=ids)
+        gone = len(await self.rows("delete_tasks", ids=ids))
+        return _batch(plan.label, gone, marks, after, limit, attempts)
+
+    async def roll_up(self, tasks: Sequence[Row]) -> None:
+        """Fold tasks about to go into their groups' counts per state (`group_report` adds
+        them to what the kept tasks count), so a group's report stays what it was."""
+        counted = Counter((row["grp"], row["state"]) for row in tasks if row["grp"] is not None)
+        params = [{"grp": g, "state": s, "n": n} for (g, s), n in sorted(counted.items())]
+        if params:
+            await self.run_many("add_to_rollup", params)
+
+    async def rollup(self, group: str) -> dict[TaskState, int]:
+        found = await self.rows("group_rollup", grp=group)
+        return {TaskState(row["state"]): int(row["n"]) for row in found}
+
+    async def delete_records(
+        self, kind: str, ids: Sequence[str], states: Collection[str] | None
+    ) -> int:
+        """Delete records of `kind` among `ids` (those in `states`, when given); how many."""
+        if not ids:
+            return 0
+        wanted = None if states is None else sorted(states)
+        return len(await self.rows("delete_records", kind=kind, ids=list(ids), states=wanted))
+
+    # -- the lease
+
+    async def take_pruner(self, holder: str, lease_for: float, every: float) -> bool:
+        """Hold the pruner's lease for `lease_for` seconds: if `holder` holds it already, or
+        nobody does and the last run ended `every` seconds ago or more."""
+        found = await self.rows(
+            "take_pruner", holder=holder, until=self.now + lease_for, due=self.now - every
+        )
+        return bool(found)
+
+    async def release_pruner(self, holder: str, removed: int | None) -> None:
+        """Give the lease back; `removed`: the run ended (None: it failed, try again soon)."""
+        await self.run("release_pruner", holder=holder, removed=removed)
+
+    async def pruner_state(self) -> PrunerState | None:
+        found = await self.row("pruner_state")
+        if found is None:
+            return None
+        done_at = found["done_at"]
+        return PrunerState(
+            str(found["holder"]),
+            float(found["until"]),
+            None if done_at is None else float(done_at),
+            int(found["removed"]),
+        )
+
+
+_ROWS = {
+    NoticePlan: ("prunable_notices", "delete_notices"),
+    AuditPlan: ("prunable_audit", "delete_audit"),
+}
+
+
+def _batch(
+    label: str, gone: int, marks: list[Mark], after: Mark, limit: int, attempts: int = 0
+) -> Batch:
+    removed = {label: gone, ATTEMPTS: attempts} if attempts else {label: gone}
+    return Batch(removed, marks[-1] if marks else after, len(marks) < limit)

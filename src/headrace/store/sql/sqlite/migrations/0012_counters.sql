@@ -1,0 +1,2 @@
+-- Reserved for the store's counters (another branch), which take this number: empty here, so
+-- that the retention migration after it keeps its number when the two meet.
