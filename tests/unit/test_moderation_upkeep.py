@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,7 @@ from headrace.pipelines.moderation import samples
 from headrace.pipelines.moderation.media import DirectoryBackend, MediaStore
 from headrace.pipelines.moderation.model import ModelWork
 from headrace.pipelines.moderation.pipeline import (
+    HOLD,
     EventClosed,
     ItemState,
     Moderation,
@@ -31,6 +33,7 @@ from headrace.pipelines.moderation.upkeep import (
 from headrace.policy import ConfigError
 from headrace.policy.retention import DAY, Retention
 from headrace.runtime.pruner import Pruner
+from headrace.store.records import Record
 
 pytestmark = pytest.mark.anyio
 
@@ -176,3 +179,32 @@ async def test_the_sweep_leaves_an_upload_older_than_a_failed_validation_is_kept
         assert (await prune(moderation))[QUEUED] == 0
         assert await moderation.app.store.find(validate_key(old.media_id)) is None
 
+
+async def test_which_items_hold_an_original_is_read_by_digest_not_by_every_item(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    moderation, _ = pipeline(tmp_path)
+    async with moderation.app:
+        store = moderation.app.store
+        photo = samples.jpeg()
+        first, second = [
+            await moderation.accept_bytes(photo, event="gala", session=f"s{n}") for n in (1, 2)
+        ]
+        for n in range(30):
+            await moderation.accept_bytes(samples.jpeg(shade=n + 1), event="gala", session="x")
+        # An item kept before holds were written: the first look gives it one, once.
+        old = await moderation.accept_bytes(samples.png(), event="gala", session="old")
+        await store.delete_records(HOLD, [old.media_id])
+        assert await moderation.naming({old.digest}, leaving=()) == {old.digest: [old.media_id]}
+
+        listed: list[str] = []
+        list_records = store.list_records
+
+        async def counting(kind: str, **options: Any) -> list[Record]:
+            listed.append(kind)
+            return await list_records(kind, **options)
+
+        monkeypatch.setattr(store, "list_records", counting)
+        found = await moderation.naming({first.digest}, leaving={first.media_id})
+        assert found == {first.digest: [second.media_id]}
+        assert listed == [HOLD]  # one read by digest, no item listed

@@ -146,6 +146,13 @@ class Staff:
 
 
 ITEM = "item"  # the kind of an item's record in the store
+# A record per item naming the original it holds: id the media id, scope the digest, so the
+# items that hold an original are one indexed lookup away, however many items there are.
+HOLD = "original"
+HOLDING = "holds"
+# Written once every item kept before holds were has one (`Records.holders`).
+HOLDS_INDEXED = ("meta", "originals-held")
+PAGE = 1000  # records read a statement
 EVENT = "event"  # the kind of an event's record: written when it is closed
 CLOSED = "closed"  # a closed event's state: it takes no upload, its items go after a while
 
@@ -229,10 +236,12 @@ class UploadConflict(ConfigError):
 
 class Records:
     """Items as records in the app's store (kind `item`, scope the event): a stage's write is
-    one transaction, and a moderator's decision commits with its audit row and its notice."""
+    one transaction, and a moderator's decision commits with its audit row and its notice.
+    Beside each, a hold (kind `original`, scope the digest) says which original it needs."""
 
     def __init__(self, app: hr.App) -> None:
         self.app = app
+        self._holds_indexed = False
 
     async def get(self, media_id: str) -> Item:
         found = await self.app.store.get_record(ITEM, check_media_id(media_id))
@@ -242,7 +251,10 @@ class Records:
 
     async def put(self, item: Item, audit: Audit | None = None) -> tuple[Item, bool]:
         """Keep a new item's record (with `audit`); an item of that media id kept before is
-        returned instead, with False."""
+        returned instead, with False. Its hold on its original is written first: an item
+        never exists without one (a hold without its item, after a crash, keeps an original
+        longer, never less)."""
+        await self._hold(item.media_id, item.digest)
         made = await self.app.store.put_record(
             ITEM,
             item.media_id,
@@ -271,14 +283,68 @@ class Records:
         wanted = None if state is None else state.value
         while True:
             page = await self.app.store.list_records(
-                ITEM, scope=event, state=wanted, after=found[-1].seq if found else 0, limit=1000
+                ITEM, scope=event, state=wanted, after=found[-1].seq if found else 0, limit=PAGE
             )
             found.extend(Item.of(record) for record in page)
-            if len(page) < 1000:
+            if len(page) < PAGE:
                 return found
 
     async def audit(self, media_id: str | None = None) -> list[AuditRow]:
         return await self.app.store.audit_log(kind=ITEM, record_id=media_id)
+
+    async def holders(
+        self, digests: Collection[str], *, leaving: Collection[str]
+    ) -> dict[str, list[str]]:
+        """The media ids of the items that still need one of `digests`, by digest: every item
+        but those `leaving` and those refused holds its original (a refused one's was
+        released). One indexed read per digest and one per holder, whatever the history."""
+        await self._index_holds()
+        found: dict[str, list[str]] = {}
+        store = self.app.store
+        for digest in sorted(digests):
+            for media_id in await self._holding(digest):
+                if media_id in leaving:
+                    continue
+                item = await store.get_record(ITEM, media_id)
+                if item is not None and item.state != ItemState.REFUSED.value:
+                    found.setdefault(digest, []).append(media_id)
+        return found
+
+    async def _holding(self, digest: str) -> list[str]:
+        """The media ids whose holds name `digest`."""
+        held: list[str] = []
+        after = 0
+        while True:
+            page = await self.app.store.list_records(HOLD, scope=digest, after=after, limit=PAGE)
+            held.extend(hold.id for hold in page)
+            if len(page) < PAGE:
+                return held
+            after = page[-1].seq
+
+    async def forget(self, media_ids: Collection[str]) -> int:
+        """Delete the records of items that are gone (settled ones pruned), with their holds;
+        how many items went. An item that moved on meanwhile keeps both."""
+        store = self.app.store
+        settled = {state.value for state in ItemState if state.settled}
+        removed = await store.delete_records(ITEM, media_ids, when=settled)
+        gone = [m for m in media_ids if await store.get_record(ITEM, m) is None]
+        await store.delete_records(HOLD, gone)
+        return removed
+
+    async def _hold(self, media_id: str, digest: str) -> None:
+        await self.app.store.put_record(HOLD, media_id, scope=digest, state=HOLDING)
+
+    async def _index_holds(self) -> None:
+        """Give every item kept before holds were written its hold, once per store (a store
+        written by an older headrace); a marker record says it is done."""
+        if self._holds_indexed:
+            return
+        store = self.app.store
+        if await store.get_record(*HOLDS_INDEXED) is None:
+            for item in await self.all():
+                await self._hold(item.media_id, item.digest)
+            await store.put_record(*HOLDS_INDEXED, scope="moderation", state="done")
+        self._holds_indexed = True
 
 
 Order = Literal["fair", "fifo"]
@@ -614,18 +680,10 @@ class Moderation:
 
     async def naming(
         self, digests: Collection[str], *, leaving: Collection[str]
-    ) -> dict[str, list[Item]]:
-        """The items that still need one of `digests`, by digest: every item but those
-        `leaving` and those refused names its original (a refused one's was released)."""
-        found: dict[str, list[Item]] = {}
-        for other in await self.records.all():
-            if (
-                other.digest in digests
-                and other.media_id not in leaving
-                and other.state is not ItemState.REFUSED
-            ):
-                found.setdefault(other.digest, []).append(other)
-        return found
+    ) -> dict[str, list[str]]:
+        """The items (media ids) that still need one of `digests`, by digest
+        (`Records.holders`)."""
+        return await self.records.holders(digests, leaving=leaving)
 
     async def _derivatives(self, item: Item) -> Derived:
         """(media id, stage version)'s derivatives: made once, reused by every later attempt

@@ -44,7 +44,6 @@ log = logging.getLogger("headrace.pruner")
 PRUNER = "pruner"  # the actor of what the sweep writes to the audit log
 ORIGINAL_MISSING = "upload.original_missing"  # its bytes were never kept: cannot be queued
 TURNED_AWAY = (ItemState.REJECTED, ItemState.QUARANTINED, ItemState.REFUSED)
-SETTLED = tuple(state for state in ItemState if state.settled)
 PAGE = 1000
 
 # What a run reports, per kind.
@@ -174,8 +173,7 @@ class Upkeep:
         if dry_run:
             counts[ITEMS] += len(items)
         else:
-            states = {state.value for state in SETTLED}
-            counts[ITEMS] += await self.store.delete_records(ITEM, leaving, when=states)
+            counts[ITEMS] += await self.moderation.records.forget(leaving)
         return counts
 
     async def remove_originals(
