@@ -114,7 +114,8 @@ async def apply_declared(conn: Connection, schema: str) -> None:
     async with conn.transaction():
         await conn.execute(pgsql.SQL("CREATE SCHEMA {}").format(pgsql.Identifier(schema)))
         await conn.execute("SELECT set_config('search_path', quote_ident(%s), true)", [schema])
-        for statement in sql.split_statements(sql.read_text("postgres/schema.sql")):
+        script = sql.read_text("postgres/schema.sql")
+        for statement in sql.split_statements(script, dialect="postgres"):
             await conn.execute(statement)
 
 

@@ -146,6 +146,26 @@ def test_scripts_split_into_whole_statements() -> None:
         sql.split_statements("CREATE TABLE a (x);\nCREATE TABLE b (\n")
 
 
+def test_postgres_scripts_split_around_function_bodies_and_triggers() -> None:
+    """A PostgreSQL statement ends at a `;` outside quotes, comments and `$$` bodies; SQLite's
+    rule would wait for `END;` after its CREATE TRIGGER."""
+    script = (
+        "CREATE FUNCTION f() RETURNS trigger LANGUAGE plpgsql AS $$\n"
+        "BEGIN\n    INSERT INTO a VALUES ('x;'); -- not; the end\n    RETURN NULL;\nEND\n$$;\n"
+        "CREATE TRIGGER t AFTER INSERT ON a\nFOR EACH STATEMENT EXECUTE FUNCTION f();\n"
+        "SELECT 'it''s; still' -- one;\n;\n"
+    )
+    statements = sql.split_statements(script, dialect="postgres")
+    assert [s.split()[:2] for s in statements] == [
+        ["CREATE", "FUNCTION"],
+        ["CREATE", "TRIGGER"],
+        ["SELECT", "'it''s;"],
+    ]
+    assert statements[0].endswith("$$;")
+    with pytest.raises(StoreError, match="incomplete"):
+        sql.split_statements("CREATE FUNCTION f() AS $$ BEGIN;\n", dialect="postgres")
+
+
 def test_urls_name_relative_and_absolute_files() -> None:
     assert path_from_url("sqlite:///studio.db") == Path("studio.db")
     assert path_from_url("sqlite:///data/studio%20one.db") == Path("data/studio one.db")
