@@ -158,6 +158,10 @@ class Store(Protocol):
 
     async def attempts(self, task_id: int) -> list[Attempt]: ...
 
+    # The reads behind `/metrics` and `headrace status` come from tallies the store keeps in
+    # the transactions that change tasks and attempts (docs/explanation.md): their cost does
+    # not grow with the backlog or the history.
+
     async def counts(self, *, kinds: Collection[str] | None = None) -> dict[TaskState, int]:
         """Tasks per state, of these kinds only when `kinds` is given."""
         ...
@@ -176,11 +180,13 @@ class Store(Protocol):
         ...
 
     async def attempt_counts(self) -> dict[AttemptOutcome, int]:
-        """Attempts ever made, by outcome (a running one is `running`). It reads every attempt:
-        a scrape's cost grows with the history kept."""
+        """Attempts ever made, by outcome (a running one is `running`). Deleting attempts (the
+        history kept shorter) leaves these totals as they were."""
         ...
 
-    async def groups(self) -> list[str]: ...
+    async def groups(self) -> list[str]:
+        """Every group that names at least one task, in name order."""
+        ...
 
     async def group_report(self, group: str) -> GroupReport: ...
 

@@ -87,7 +87,7 @@ class Transaction(Claiming, RecordSteps):
 
     async def attempt_counts(self) -> dict[AttemptOutcome, int]:
         found = await self.rows("attempt_outcomes")
-        return {AttemptOutcome(row["outcome"]): int(row["n"]) for row in found}
+        return {AttemptOutcome(row["outcome"]): int(row["n"]) for row in found if int(row["n"])}
 
     async def groups(self) -> list[str]:
         return sorted(str(found["grp"]) for found in await self.rows("group_names"))

@@ -238,32 +238,46 @@ LIMIT :limit;
 SELECT * FROM attempts WHERE task_id = :task_id ORDER BY number;
 
 -- name: count_by_state
--- How many tasks are in each state, of the kinds given (a JSON array) or all.
-SELECT state, count(*) AS n FROM tasks
+-- How many tasks are in each state, of the kinds given (a JSON array) or all: their tallies.
+SELECT state, sum(n) AS n FROM kind_tally
 WHERE :kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds))
 GROUP BY state;
 
 -- name: stage_stats
--- Per kind with unfinished tasks (of the kinds given as a JSON array, or all): its tasks per state and when its oldest ready task became ready.
-SELECT kind,
-       count(*) FILTER (WHERE state = 'pending') AS pending,
-       count(*) FILTER (WHERE state = 'ready') AS ready,
-       count(*) FILTER (WHERE state = 'running') AS running,
-       count(*) FILTER (WHERE state = 'waiting') AS waiting,
-       min(coalesce(ready_since, created_at)) FILTER (WHERE state = 'ready') AS oldest_ready
-FROM tasks
-WHERE state IN ('pending', 'ready', 'running', 'waiting')
-  AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
-GROUP BY kind
-ORDER BY kind;
+-- Per kind with unfinished tasks (of the kinds given as a JSON array, or all): its tasks per state (tallies) and when its oldest ready task became ready (the index).
+SELECT s.kind, s.pending, s.ready, s.running, s.waiting,
+       CASE WHEN s.ready > 0 THEN (
+           SELECT coalesce(t.ready_since, t.created_at) FROM tasks AS t
+           WHERE t.kind = s.kind AND t.state = 'ready'
+           ORDER BY coalesce(t.ready_since, t.created_at)
+           LIMIT 1
+       ) END AS oldest_ready
+FROM (
+    SELECT kind,
+           coalesce(sum(n) FILTER (WHERE state = 'pending'), 0) AS pending,
+           coalesce(sum(n) FILTER (WHERE state = 'ready'), 0) AS ready,
+           coalesce(sum(n) FILTER (WHERE state = 'running'), 0) AS running,
+           coalesce(sum(n) FILTER (WHERE state = 'waiting'), 0) AS waiting
+    FROM kind_tally
+    WHERE state IN ('pending', 'ready', 'running', 'waiting')
+      AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
+    GROUP BY kind
+    HAVING sum(n) > 0
+) AS s
+ORDER BY s.kind;
 
 -- name: group_names
--- Every group that names at least one task.
-SELECT DISTINCT grp FROM tasks WHERE grp IS NOT NULL;
+-- Every group that names at least one task: its tallies.
+SELECT grp FROM group_tally GROUP BY grp HAVING sum(n) > 0;
 
 -- name: group_counts
--- How many tasks of a group are in each state.
-SELECT state, count(*) AS n FROM tasks WHERE grp = :grp GROUP BY state;
+-- How many tasks of a group are in each state: its tallies.
+SELECT state, n FROM group_tally WHERE grp = :grp;
+
+-- name: fold_tallies
+-- Drop the tallies that count nothing (a group whose tasks were all deleted); writers take turns, so there are no shards to fold.
+DELETE FROM kind_tally WHERE n = 0;
+DELETE FROM group_tally WHERE n = 0;
 
 -- name: group_ledger
 -- A group's units per kind.
@@ -692,5 +706,7 @@ WHERE state = 'waiting' AND remote_id = :remote_id AND run_at > :now
 RETURNING id;
 
 -- name: attempt_outcomes
--- Attempts ever made, by outcome.
-SELECT outcome, count(*) AS n FROM attempts GROUP BY outcome;
+-- Attempts ever made, by outcome: their tallies (deleting attempts leaves them); a running one is a running task's.
+SELECT outcome, n FROM attempt_tally
+UNION ALL
+SELECT 'running', coalesce(sum(n), 0) FROM kind_tally WHERE state = 'running';
