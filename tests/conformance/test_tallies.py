@@ -7,7 +7,8 @@ stages, and on PostgreSQL the one-statement plain batch), claims, successes with
 deferrals when a stage is full, retries, deaths and the cancellation of what waited on them,
 remote waits and their polls, expired leases, cancels and redrives, over folds of the tallies
 (every FOLD_EVERY of store time). Deletes are retention's: finished tasks with their attempts,
-by plain DELETEs. The reads checked: `counts` (all kinds, and each kind), `stages`, `groups`,
+by plain DELETEs. The reads checked: `counts` (all kinds, and each kind), `stages`,
+`ready_ages` (a small sample, so both ends and the middle are exercised), `groups`,
 `group_report` and `attempt_counts`, whose totals must not move when attempts are deleted.
 
 No model of what the verbs should do: `test_state_machine.py` holds the store to one. Verbs
@@ -37,6 +38,7 @@ from hypothesis.stateful import (
 )
 
 from headrace.policy import ErrorClass, GateConfig, HeadraceError, ManualClock, Tier
+from headrace.store.ages import ReadyAges
 from headrace.store.base import Store
 from headrace.store.machine import FOLD_EVERY
 from headrace.store.types import (
@@ -72,6 +74,7 @@ SETTINGS = Settings(
     poison_expiries=2,
     stages=(StageLimits("render", bound=2),),  # a full stage defers its feeders' successes
 )
+SAMPLE = 2  # ready ages read at each end of a stage's queue
 BOOM = AttemptError.of(ErrorClass.TRANSIENT, "boom")
 FATAL = AttemptError.of(ErrorClass.FATAL, "bad_input")
 OUTCOMES = ("done", "done", "spawn", "spawn", "retry", "dead", "await", "again")
@@ -314,6 +317,7 @@ class TallyMachine(RuleBasedStateMachine):
             kinds = [row for row in rows if row.kind == kind]
             assert self.run(store.counts(kinds=[kind])) == counts(kinds)
         assert self.run(store.stages()) == stages(rows, now)
+        assert self.run(store.ready_ages(sample=SAMPLE)) == ready_ages(rows, now)
         named = sorted({row.group for row in rows if row.group is not None})
         assert self.run(store.groups()) == named
         for group in GROUPS[1:]:
@@ -343,6 +347,23 @@ def stages(rows: list[Row], now: float) -> list[StageStats]:
         waiting = (of[TaskState.PENDING], of[TaskState.READY])
         active = (of[TaskState.RUNNING], of[TaskState.WAITING])
         found.append(StageStats(kind, *waiting, *active, oldest_ready_age=oldest))
+    return found
+
+
+def ready_ages(rows: list[Row], now: float) -> dict[str, ReadyAges]:
+    """Both ends of each kind's ready queue in (since, id) order, `SAMPLE` at each."""
+    found = {}
+    for kind in sorted({row.kind for row in rows if row.state is TaskState.READY}):
+        queue = sorted(
+            (row.since, row.id) for row in rows if row.kind == kind and row.state is TaskState.READY
+        )
+        oldest, rest = queue[:SAMPLE], queue[SAMPLE:]
+        newest = rest[-SAMPLE:]
+        found[kind] = ReadyAges(
+            len(queue),
+            tuple(now - since for since, _ in oldest),
+            tuple(now - since for since, _ in newest),
+        )
     return found
 
 

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from headrace.policy.errors import HeadraceError
 from headrace.policy.gate import GateStatistics
+from headrace.store.ages import AGE_SAMPLE, ReadyAges
 from headrace.store.records import Audit, AuditRow, Changed, Notice, OutboxRow, Record
 from headrace.store.types import (
     Attempt,
@@ -173,10 +174,11 @@ class Store(Protocol):
         ...
 
     async def ready_ages(
-        self, *, kinds: Collection[str] | None = None, limit: int = 100_000
-    ) -> dict[str, list[float]]:
-        """Per kind (of these kinds only when `kinds` is given), the ages of its ready tasks
-        (as `stages` counts them), oldest first: at most `limit` in all, the oldest."""
+        self, *, kinds: Collection[str] | None = None, sample: int = AGE_SAMPLE
+    ) -> dict[str, ReadyAges]:
+        """Per kind with ready tasks (of these kinds only when `kinds` is given): how many, and
+        the ages (as `stages` reckons them) of its `sample` oldest and `sample` newest ready
+        tasks (store/ages.py)."""
         ...
 
     async def attempt_counts(self) -> dict[AttemptOutcome, int]:

@@ -34,6 +34,7 @@ from headrace.policy.poison import Expiry
 from headrace.policy.tiers import AGING_CEILING, aged_tier
 from headrace.store import bounds as stage_bounds
 from headrace.store import idempotency
+from headrace.store.ages import AGE_SAMPLE, ReadyAges
 from headrace.store.dispatch import (
     GateBook,
     KindBudget,
@@ -928,21 +929,21 @@ class MemoryStore(MemoryRecords):
         return now - min(ready.values()) if ready else None
 
     async def ready_ages(
-        self, *, kinds: Collection[str] | None = None, limit: int = 100_000
-    ) -> dict[str, list[float]]:
+        self, *, kinds: Collection[str] | None = None, sample: int = AGE_SAMPLE
+    ) -> dict[str, ReadyAges]:
         now = self.clock.now()
-        ready = sorted(
-            (
-                task.ready_since if task.ready_since is not None else task.created_at,
-                task.id,
-                task.kind,
+        ages: dict[str, ReadyAges] = {}
+        for kind, ready in sorted(self._ready_since.items()):
+            if not ready or (kinds is not None and kind not in kinds):
+                continue
+            queue = [(since, task_id) for task_id, since in ready.items()]
+            oldest = heapq.nsmallest(sample, queue)
+            newest = heapq.nlargest(max(0, min(sample, len(queue) - sample)), queue)
+            ages[kind] = ReadyAges(
+                len(queue),
+                tuple(now - since for since, _ in oldest),
+                tuple(now - since for since, _ in reversed(newest)),
             )
-            for task in self._tasks.values()
-            if task.state is TaskState.READY and (kinds is None or task.kind in kinds)
-        )
-        ages: dict[str, list[float]] = {}
-        for since, _, kind in ready[:limit]:
-            ages.setdefault(kind, []).append(now - since)
         return ages
 
     async def attempt_counts(self) -> dict[AttemptOutcome, int]:

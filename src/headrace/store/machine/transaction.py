@@ -24,7 +24,9 @@ from headrace.policy.errors import (
     UnknownGate,
 )
 from headrace.policy.gate import GateStatistics
+from headrace.store.ages import ReadyAges
 from headrace.store.machine.claim import Claiming
+from headrace.store.machine.core import Pending
 from headrace.store.machine.records import RecordSteps
 from headrace.store.rows import (
     attempt_of,
@@ -79,10 +81,26 @@ class Transaction(Claiming, RecordSteps):
         found = await self.rows("stage_stats", kinds=kinds)
         return [stage_of(row, self.now) for row in found]
 
-    async def ready_ages(self, kinds: list[str] | None, limit: int) -> dict[str, list[float]]:
-        ages: dict[str, list[float]] = {}
-        for found in await self.rows("ready_since", kinds=kinds, limit=limit):
-            ages.setdefault(found["kind"], []).append(self.now - float(found["since"]))
+    async def ready_ages(self, kinds: list[str] | None, sample: int) -> dict[str, ReadyAges]:
+        """Each kind's ready count (its tally), then both ends of its ready queue from the
+        index, every kind's statements sent before any is read (one round trip)."""
+        sent: list[tuple[str, int, Pending, Pending]] = []
+        for found in await self.rows("ready_counts", kinds=kinds):
+            kind, count = str(found["kind"]), int(found["n"])
+            rest = max(0, min(sample, count - sample))  # the newest not among the oldest
+            oldest = await self.send("oldest_ready", kind=kind, limit=sample)
+            newest = await self.send("newest_ready", kind=kind, limit=rest)
+            sent.append((kind, count, oldest, newest))
+        ages: dict[str, ReadyAges] = {}
+        for kind, count, oldest, newest in sent:
+            first = await oldest.fetchall()
+            seen = {int(row["id"]) for row in first}
+            last = [row for row in await newest.fetchall() if int(row["id"]) not in seen]
+            ages[kind] = ReadyAges(
+                count,
+                tuple(self.now - float(row["since"]) for row in first),
+                tuple(self.now - float(row["since"]) for row in reversed(last)),
+            )
         return ages
 
     async def attempt_counts(self) -> dict[AttemptOutcome, int]:

@@ -698,6 +698,33 @@ FROM (
 ) AS s
 ORDER BY s.kind;
 
+-- name: ready_counts
+-- Per kind with ready tasks (of the kinds given, or all), how many: the tallies and the changes not folded in yet.
+SELECT kind, sum(n)::bigint AS n
+FROM (
+    SELECT kind, state, n FROM kind_tally
+    UNION ALL
+    SELECT kind, state, n FROM tally_changes
+) AS tally
+WHERE state = 'ready' AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+GROUP BY kind
+HAVING sum(n) > 0
+ORDER BY kind;
+
+-- name: oldest_ready
+-- When the oldest ready tasks of a kind became ready, oldest first (the index, read from its start).
+SELECT id, coalesce(ready_since, created_at) AS since FROM tasks
+WHERE kind = %(kind)s::text AND state = 'ready'
+ORDER BY coalesce(ready_since, created_at), id
+LIMIT %(limit)s::integer;
+
+-- name: newest_ready
+-- When the newest ready tasks of a kind became ready, newest first (the index, read from its end).
+SELECT id, coalesce(ready_since, created_at) AS since FROM tasks
+WHERE kind = %(kind)s::text AND state = 'ready'
+ORDER BY coalesce(ready_since, created_at) DESC, id DESC
+LIMIT %(limit)s::integer;
+
 -- name: group_names
 -- Every group that names at least one task: the tallies and the changes not folded in yet.
 SELECT grp
@@ -843,15 +870,6 @@ LIMIT %(limit)s::integer;
 UPDATE outbox SET delivered_at = %(now)s::double precision
 WHERE id = ANY(%(ids)s::bigint[]) AND delivered_at IS NULL
 RETURNING id;
-
--- name: ready_since
--- When each ready task (of the kinds given, or all) became ready, oldest first.
-SELECT kind, coalesce(ready_since, created_at) AS since
-FROM tasks
-WHERE state = 'ready'
-  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
-ORDER BY since, id
-LIMIT %(limit)s::integer;
 
 -- name: wake_remote
 -- Waiting tasks on a remote job whose check is not running, due now (a webhook said how it ended).

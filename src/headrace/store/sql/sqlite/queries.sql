@@ -266,6 +266,27 @@ FROM (
 ) AS s
 ORDER BY s.kind;
 
+-- name: ready_counts
+-- Per kind with ready tasks (of the kinds given as a JSON array, or all), how many: their tallies.
+SELECT kind, n FROM kind_tally
+WHERE state = 'ready' AND n > 0
+  AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
+ORDER BY kind;
+
+-- name: oldest_ready
+-- When the oldest ready tasks of a kind became ready, oldest first (the index, read from its start).
+SELECT id, coalesce(ready_since, created_at) AS since FROM tasks
+WHERE kind = :kind AND state = 'ready'
+ORDER BY coalesce(ready_since, created_at), id
+LIMIT :limit;
+
+-- name: newest_ready
+-- When the newest ready tasks of a kind became ready, newest first (the index, read from its end).
+SELECT id, coalesce(ready_since, created_at) AS since FROM tasks
+WHERE kind = :kind AND state = 'ready'
+ORDER BY coalesce(ready_since, created_at) DESC, id DESC
+LIMIT :limit;
+
 -- name: group_names
 -- Every group that names at least one task: its tallies.
 SELECT grp FROM group_tally GROUP BY grp HAVING sum(n) > 0;
@@ -688,15 +709,6 @@ LIMIT :limit;
 UPDATE outbox SET delivered_at = :now
 WHERE id IN (SELECT value FROM json_each(:ids)) AND delivered_at IS NULL
 RETURNING id;
-
--- name: ready_since
--- When each ready task (of the kinds given as a JSON array, or all) became ready, oldest first.
-SELECT kind, coalesce(ready_since, created_at) AS since
-FROM tasks
-WHERE state = 'ready'
-  AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
-ORDER BY since, id
-LIMIT :limit;
 
 -- name: wake_remote
 -- Waiting tasks on a remote job whose check is not running, due now (a webhook said how it ended).
