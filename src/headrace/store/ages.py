@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-AGE_SAMPLE = 1000  # ready tasks read at each end of a stage's queue, at most
+AGE_SAMPLE = 250  # ready tasks read at each end of a stage's queue, at most
 
 
 @dataclass(frozen=True)

@@ -18,16 +18,16 @@ never an id, a token or anything a client sent.
 | `headrace_gate_rate_limited_total` | counter | gate: rate-limit answers that penalised it |
 | `headrace_gate_in_flight` | gauge | gate: tickets out |
 
-The store keeps the counts in tallies and reads the ages from an index, so a scrape costs the
-same with a thousand tasks as with ten million. The age histogram is built from a bounded
-sample (store/ages.py): every ready task is counted, and the ages of a stage's oldest and
-newest thousand are exact; when a stage has more ready tasks than that, those in between are
-taken as spread evenly between the two ends, so a bucket's bound that falls among them is an
-estimate.
+The store keeps the counts in tallies and reads the ages from an index, so a scrape costs about
+the same with a thousand tasks as with ten million. The age histogram is built from a bounded
+sample (store/ages.py): every ready task is counted, and the ages of a stage's oldest and newest
+250 are exact; when a stage has more ready tasks than that, those in between are taken as spread
+evenly between the two ends, so a bucket's bound that falls among them is an estimate.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -63,13 +63,21 @@ class Snapshot:
 
 
 async def snapshot(app: App) -> Snapshot:
+    """The store's reads at once (a store with a pool of connections runs them side by side)."""
     store = app.store
+    stages, ages, counts, attempts, gates = await asyncio.gather(
+        store.stages(),
+        store.ready_ages(),
+        store.counts(),
+        store.attempt_counts(),
+        store.gate_statistics(),
+    )
     return Snapshot(
-        stages=await store.stages(),
-        ages=await store.ready_ages(),
-        counts=await store.counts(),
-        attempts=await store.attempt_counts(),
-        gates=await store.gate_statistics(),
+        stages=stages,
+        ages=ages,
+        counts=counts,
+        attempts=attempts,
+        gates=gates,
         classes=app.cost_classes(),
         configs=dict(app.gates),
     )

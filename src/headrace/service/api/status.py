@@ -4,6 +4,7 @@ store/ages.py), the gates, and the dead letters (list, show, redrive: admin only
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Annotated, Any
 
@@ -186,10 +187,10 @@ async def get_group(group: Group, svc: TheService, who: Caller) -> GroupView:
 async def get_stages(svc: TheService, who: Caller) -> StagesView:
     await require(svc, who, Role.MODERATOR, action="stages.read")
     classes = svc.moderation.app.cost_classes()
-    ages = await svc.store.ready_ages()
+    ages, found = await asyncio.gather(svc.store.ready_ages(), svc.store.stages())
     by_class: dict[str, list[ReadyAges]] = {name: [] for name in sorted(set(classes.values()))}
     stages = []
-    for stage in await svc.store.stages():
+    for stage in found:
         waited = ages.get(stage.kind, ReadyAges(0))
         cost_class = classes.get(stage.kind)
         if cost_class is not None:

@@ -83,25 +83,25 @@ class Transaction(Claiming, RecordSteps):
 
     async def ready_ages(self, kinds: list[str] | None, sample: int) -> dict[str, ReadyAges]:
         """Each kind's ready count (its tally), then both ends of its ready queue from the
-        index, every kind's statements sent before any is read (one round trip)."""
+        index, each end one array, every kind's statements sent before any is read (one round
+        trip). The two ends never overlap: the newest are taken only past the oldest."""
         sent: list[tuple[str, int, Pending, Pending]] = []
         for found in await self.rows("ready_counts", kinds=kinds):
             kind, count = str(found["kind"]), int(found["n"])
-            rest = max(0, min(sample, count - sample))  # the newest not among the oldest
+            rest = max(0, min(sample, count - sample))
             oldest = await self.send("oldest_ready", kind=kind, limit=sample)
             newest = await self.send("newest_ready", kind=kind, limit=rest)
             sent.append((kind, count, oldest, newest))
         ages: dict[str, ReadyAges] = {}
         for kind, count, oldest, newest in sent:
-            first = await oldest.fetchall()
-            seen = {int(row["id"]) for row in first}
-            last = [row for row in await newest.fetchall() if int(row["id"]) not in seen]
-            ages[kind] = ReadyAges(
-                count,
-                tuple(self.now - float(row["since"]) for row in first),
-                tuple(self.now - float(row["since"]) for row in reversed(last)),
-            )
+            ages[kind] = ReadyAges(count, await self.waits(oldest), await self.waits(newest))
         return ages
+
+    async def waits(self, sent: Pending) -> tuple[float, ...]:
+        """The ages of an array of times a task became ready, longest wait first."""
+        found = await sent.fetchone()
+        since = [] if found is None else found["since"]
+        return tuple(sorted((self.now - float(at) for at in since), reverse=True))
 
     async def attempt_counts(self) -> dict[AttemptOutcome, int]:
         found = await self.rows("attempt_outcomes")

@@ -712,18 +712,22 @@ HAVING sum(n) > 0
 ORDER BY kind;
 
 -- name: oldest_ready
--- When the oldest ready tasks of a kind became ready, oldest first (the index, read from its start).
-SELECT id, coalesce(ready_since, created_at) AS since FROM tasks
-WHERE kind = %(kind)s::text AND state = 'ready'
-ORDER BY coalesce(ready_since, created_at), id
-LIMIT %(limit)s::integer;
+-- When the oldest ready tasks of a kind became ready, as one array (the index, read from its start).
+SELECT ARRAY(
+    SELECT coalesce(ready_since, created_at) FROM tasks
+    WHERE kind = %(kind)s::text AND state = 'ready'
+    ORDER BY coalesce(ready_since, created_at), id
+    LIMIT %(limit)s::integer
+) AS since;
 
 -- name: newest_ready
--- When the newest ready tasks of a kind became ready, newest first (the index, read from its end).
-SELECT id, coalesce(ready_since, created_at) AS since FROM tasks
-WHERE kind = %(kind)s::text AND state = 'ready'
-ORDER BY coalesce(ready_since, created_at) DESC, id DESC
-LIMIT %(limit)s::integer;
+-- When the newest ready tasks of a kind became ready, as one array (the index, read from its end).
+SELECT ARRAY(
+    SELECT coalesce(ready_since, created_at) FROM tasks
+    WHERE kind = %(kind)s::text AND state = 'ready'
+    ORDER BY coalesce(ready_since, created_at) DESC, id DESC
+    LIMIT %(limit)s::integer
+) AS since;
 
 -- name: group_names
 -- Every group that names at least one task: the tallies and the changes not folded in yet.

@@ -274,18 +274,24 @@ WHERE state = 'ready' AND n > 0
 ORDER BY kind;
 
 -- name: oldest_ready
--- When the oldest ready tasks of a kind became ready, oldest first (the index, read from its start).
-SELECT id, coalesce(ready_since, created_at) AS since FROM tasks
-WHERE kind = :kind AND state = 'ready'
-ORDER BY coalesce(ready_since, created_at), id
-LIMIT :limit;
+-- When the oldest ready tasks of a kind became ready, as one JSON array (the index, read from its start).
+SELECT json_group_array(since) AS "since [headrace_json]"
+FROM (
+    SELECT coalesce(ready_since, created_at) AS since FROM tasks
+    WHERE kind = :kind AND state = 'ready'
+    ORDER BY coalesce(ready_since, created_at), id
+    LIMIT :limit
+);
 
 -- name: newest_ready
--- When the newest ready tasks of a kind became ready, newest first (the index, read from its end).
-SELECT id, coalesce(ready_since, created_at) AS since FROM tasks
-WHERE kind = :kind AND state = 'ready'
-ORDER BY coalesce(ready_since, created_at) DESC, id DESC
-LIMIT :limit;
+-- When the newest ready tasks of a kind became ready, as one JSON array (the index, read from its end).
+SELECT json_group_array(since) AS "since [headrace_json]"
+FROM (
+    SELECT coalesce(ready_since, created_at) AS since FROM tasks
+    WHERE kind = :kind AND state = 'ready'
+    ORDER BY coalesce(ready_since, created_at) DESC, id DESC
+    LIMIT :limit
+);
 
 -- name: group_names
 -- Every group that names at least one task: its tallies.
