@@ -3,7 +3,7 @@
 It implements the same verbs with the same semantics as the SQL stores (the conformance suite
 holds them to it); its time is the running event loop's clock unless a clock is given. Like
 theirs, its reads behind `/metrics` and `headrace status` come from tallies kept as tasks and
-attempts change (`_put`, `_start_attempt`, `_end_attempt`), and a task leaves through
+attempts change (`_put`, `_start_attempt`, `_end_last_attempt`), and a task leaves through
 `_forget`, which keeps them, attempt totals aside.
 """
 
