@@ -19,6 +19,11 @@ from bench.contention import Contention, contention_figures
 from bench.latency import REQUESTS, latency_figures, latency_table
 from bench.peers.systems import SYSTEMS
 from bench.quota import QuotaRun, quota_figures
+from bench.scrape import DEFAULT_OUT as SCRAPE_OUT
+from bench.scrape import QUICK_SIZES as SCRAPE_QUICK_SIZES
+from bench.scrape import SIZES as SCRAPE_SIZES
+from bench.scrape import save as save_scrape
+from bench.scrape import scrape_figures, scrape_table
 from bench.studio import StudioFigure, studio_figures
 from bench.throughput import Throughput, throughput_figures
 
@@ -28,7 +33,7 @@ if TYPE_CHECKING:
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "latest.json"
 DEFAULT_CHART = Path(__file__).parents[1] / "docs" / "img" / "peers.png"
-SECTIONS = ("studio", "throughput", "claims", "quota", "contention", "latency", "peers")
+SECTIONS = ("studio", "throughput", "claims", "quota", "contention", "latency", "scrape", "peers")
 POSTGRES_SYSTEMS = ("headrace-postgres", "procrastinate", "pgqueuer")
 
 
@@ -231,6 +236,15 @@ def run_latency(args: argparse.Namespace, console: Console) -> dict[str, object]
     return {"latency": [asdict(f) for f in latency]}
 
 
+def run_scrape(args: argparse.Namespace, console: Console) -> dict[str, object]:
+    sizes = SCRAPE_QUICK_SIZES if args.quick else SCRAPE_SIZES
+    figures = scrape_figures(sizes, postgres=not args.no_postgres, log=console.log)
+    console.print(scrape_table(figures))
+    save_scrape(figures, SCRAPE_OUT)
+    console.print(f"saved {SCRAPE_OUT}")
+    return {"scrape": [asdict(f) for f in figures]}
+
+
 def run_peers(args: argparse.Namespace, console: Console) -> dict[str, object]:
     from bench.peers.chart import draw
     from bench.peers.harness import peer_figures
@@ -261,6 +275,7 @@ RUNS = {
     "quota": run_quota,
     "contention": run_contention,
     "latency": run_latency,
+    "scrape": run_scrape,
     "peers": run_peers,
 }
 
@@ -270,6 +285,7 @@ def sections(args: argparse.Namespace) -> list[str]:
         "claims": args.no_postgres,
         "contention": args.no_postgres,
         "quota": args.no_quota,
+        "scrape": args.no_scrape,
         "peers": args.no_peers,
     }
     chosen = args.only or SECTIONS
@@ -283,6 +299,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--only", action="append", choices=SECTIONS, help="run this section")
     parser.add_argument("--no-postgres", action="store_true", help="skip what needs PostgreSQL")
     parser.add_argument("--no-quota", action="store_true", help="skip the shared-quota runs")
+    parser.add_argument(
+        "--no-scrape", action="store_true", help="skip the scrape runs (10^7 tasks on each store)"
+    )
     parser.add_argument("--no-peers", action="store_true", help="skip the peer section")
     parser.add_argument(
         "--system", action="append", choices=list(SYSTEMS), help="peer section: only this system"

@@ -20,6 +20,7 @@ from headrace.policy import (
     UnknownGate,
 )
 from headrace.policy.errors import UnknownTask
+from headrace.store.ages import ReadyAges
 from headrace.store.base import Store
 from headrace.store.types import (
     MAX_DELAY,
@@ -1157,6 +1158,28 @@ async def test_counts_by_kind(store: Store) -> None:
     assert (await store.counts())[TaskState.READY] == 3
 
 
+async def test_ready_ages_sample_both_ends_of_a_stages_queue(
+    store: Store, clock: ManualClock
+) -> None:
+    """The ages of a stage's oldest and newest ready tasks, `sample` of each, no task twice;
+    the count is every ready task's."""
+    for n in range(7):  # ready for 6, 5, ..., 0 seconds; two more at once at the end
+        await store.submit([task(f"s{n}", kind="scan")])
+        clock.advance(1.0)
+    await store.submit([task("t1", kind="scan"), task("t2", kind="scan")])
+    [lease] = await claim(store, 1)  # the oldest leaves the queue
+    assert lease.task.ref == "s0"
+    ages = [6.0, 5.0, 4.0, 3.0, 2.0, 1.0, 0.0, 0.0]
+    found = (await store.ready_ages(sample=2))["scan"]
+    assert found == ReadyAges(8, tuple(ages[:2]), tuple(ages[-2:]))
+    assert found.unsampled == 4 and found.longest == 6.0
+    assert (await store.ready_ages(sample=5))["scan"] == ReadyAges(
+        8, tuple(ages[:5]), (1.0, 0.0, 0.0)
+    )
+    assert (await store.ready_ages(sample=8))["scan"] == ReadyAges(8, tuple(ages))
+    assert await store.ready_ages(kinds=["none"]) == {}
+
+
 async def test_stages_count_unfinished_work_per_kind(store: Store, clock: ManualClock) -> None:
     subs = await store.submit(
         [
@@ -1182,10 +1205,9 @@ async def test_stages_count_unfinished_work_per_kind(store: Store, clock: Manual
     assert speech.oldest_ready_age == pytest.approx(0.0)
     assert (video.pending, video.ready, video.oldest_ready_age) == (1, 0, None)
     assert [s.kind for s in await store.stages(kinds=["video", "none"])] == ["video"]
-    ages = await store.ready_ages()
-    assert ages == {"image": [pytest.approx(8.0)], "speech": [pytest.approx(0.0)]}
-    assert await store.ready_ages(kinds=["speech"]) == {"speech": [pytest.approx(0.0)]}
-    assert await store.ready_ages(limit=1) == {"image": [pytest.approx(8.0)]}  # the oldest
+    ages = {kind: (a.count, a.oldest, a.newest) for kind, a in (await store.ready_ages()).items()}
+    assert ages == {"image": (1, (pytest.approx(8.0),), ()), "speech": (1, (0.0,), ())}
+    assert await store.ready_ages(kinds=["speech"]) == {"speech": ReadyAges(1, (0.0,))}
     await store.finish(running, Succeeded())
     await store.cancel(late.id)
     assert [s.kind for s in await store.stages()] == ["image", "video"]  # speech has finished

@@ -18,7 +18,7 @@ from headrace.policy import ConfigError, StoreError
 from headrace.policy.errors import KeyConflict, SchemaTooNew, StoreUnavailable
 from headrace.store import sql
 from headrace.store.postgres import MIGRATIONS, QUERIES, PostgresStore, migrate, split_url
-from headrace.store.types import NewTask, Settings
+from headrace.store.types import AttemptOutcome, NewTask, Settings, TaskState
 from headrace.store.urls import open_store
 from tests.conformance.conftest import drop_schemas, postgres_reachable
 
@@ -27,8 +27,9 @@ pytestmark = pytest.mark.anyio
 Connection = psycopg.AsyncConnection[DictRow]
 Description = dict[str, list[tuple[Any, ...]]]
 
-# What describes a schema: its tables' columns, its indexes and its constraints. `{schema}` is
-# the schema described; names and definitions are compared with it replaced.
+# What describes a schema: its tables' columns, its indexes, its constraints, its triggers and
+# its functions. `{schema}` is the schema described; names and definitions are compared with
+# it replaced.
 DESCRIBE = {
     "columns": """
         SELECT table_name, ordinal_position, column_name, data_type, udt_name, is_nullable,
@@ -49,6 +50,16 @@ DESCRIBE = {
         SELECT c.relname, c.relkind FROM pg_class AS c
         JOIN pg_namespace AS n ON n.oid = c.relnamespace
         WHERE n.nspname = %(schema)s ORDER BY c.relname""",
+    "triggers": """
+        SELECT c.relname, t.tgname, pg_get_triggerdef(t.oid) FROM pg_trigger AS t
+        JOIN pg_class AS c ON c.oid = t.tgrelid
+        JOIN pg_namespace AS n ON n.oid = c.relnamespace
+        WHERE n.nspname = %(schema)s AND NOT t.tgisinternal
+        ORDER BY c.relname, t.tgname""",
+    "functions": """
+        SELECT p.proname, pg_get_functiondef(p.oid) FROM pg_proc AS p
+        JOIN pg_namespace AS n ON n.oid = p.pronamespace
+        WHERE n.nspname = %(schema)s ORDER BY p.proname""",
 }
 
 _names = iter(range(1, 1_000_000))
@@ -106,7 +117,8 @@ async def describe(conn: Connection, schema: str) -> Description:
 
 
 def _neutral(value: object, schema: str) -> object:
-    return value.replace(f"{schema}.", "{schema}.") if isinstance(value, str) else value
+    """`value` with the schema's name as `{schema}` (as a prefix, or a function's search_path)."""
+    return value.replace(schema, "{schema}") if isinstance(value, str) else value
 
 
 async def apply_declared(conn: Connection, schema: str) -> None:
@@ -114,7 +126,8 @@ async def apply_declared(conn: Connection, schema: str) -> None:
     async with conn.transaction():
         await conn.execute(pgsql.SQL("CREATE SCHEMA {}").format(pgsql.Identifier(schema)))
         await conn.execute("SELECT set_config('search_path', quote_ident(%s), true)", [schema])
-        for statement in sql.split_statements(sql.read_text("postgres/schema.sql")):
+        script = sql.read_text("postgres/schema.sql")
+        for statement in sql.split_statements(script, dialect="postgres"):
             await conn.execute(statement)
 
 
@@ -144,6 +157,18 @@ async def test_migrating_from_empty_gives_the_declared_schema(
         "ledger",
         "group_rollup",
         "pruner",
+        "kind_tally",
+        "group_tally",
+        "attempt_tally",
+        "tally_changes",
+        "attempt_changes",
+    }
+    triggers = {(row[0], row[1]) for row in ours["triggers"]}
+    assert triggers == {
+        ("tasks", "tally_added"),
+        ("tasks", "tally_moved"),
+        ("tasks", "tally_removed"),
+        ("attempts", "tally_moved"),
     }
     indexes = {row[1] for row in ours["indexes"]}
     assert {"tasks_claim_order", "tasks_ready_run_at", "tasks_running_lease"} <= indexes
@@ -293,9 +318,71 @@ async def test_a_key_stored_before_payload_digests_names_its_task_whatever_the_p
         [first] = await store.submit([NewTask("render", "ep6-s01", key="ep6-s01:v1")])
         with pytest.raises(KeyConflict):
             await store.submit([NewTask("render", "ep6-s02", key="ep6-s01:v1")])
-        table = pgsql.Identifier(schemas[0], "tasks")
-        await conn.execute(pgsql.SQL("UPDATE {} SET payload_digest = NULL").format(table))
+        # By hand, with the store's schema as the search_path: the tallies' triggers need it.
+        await conn.execute("SELECT set_config('search_path', quote_ident(%s), false)", [schemas[0]])
+        await conn.execute("UPDATE tasks SET payload_digest = NULL")
         [again] = await store.submit([NewTask("render", "ep6-s02", key="ep6-s01:v1")])
     finally:
         await store.close()
     assert (again.id, again.created) == (first.id, False)
+
+
+# Tasks a schema holds before the tallies (kind, group, state) and their attempts' outcomes.
+STORED = [
+    ("scan", "ev1", "ready", ()),
+    ("scan", "ev1", "running", ("retry", "running")),
+    ("scan", None, "succeeded", ("succeeded",)),
+    ("render", "ev2", "dead", ("retry", "dead")),
+    ("render", "ev2", "waiting", ("waiting",)),
+    ("render", None, "pending", ()),
+]
+
+
+async def test_tasks_stored_before_the_tallies_are_counted_by_the_upgrade(
+    conn: Connection, queries: dict[str, sql.Query], schemas: list[str]
+) -> None:
+    """Migration 11 tallies the tasks and attempts the schema holds already."""
+    schema = schemas[0]
+    async with conn.transaction():
+        await conn.execute(pgsql.SQL("CREATE SCHEMA {}").format(pgsql.Identifier(schema)))
+        await conn.execute(queries["set_search_path"].text, {"schema": schema})
+        await conn.execute(queries["create_migrations_table"].text)
+        for migration in sql.load_migrations(MIGRATIONS)[:10]:
+            for statement in migration.statements:
+                await conn.execute(statement)
+            await conn.execute(queries["record_migration"].text, {"version": migration.version})
+        for n, (kind, group, state, outcomes) in enumerate(STORED, start=1):
+            await conn.execute(
+                "INSERT INTO tasks (id, kind, ref, gates, gate_key, flow, grp, tier,"
+                " submitted_tier, cost, state, max_attempts, tag, created_at, run_at,"
+                " ready_since, attempt) VALUES (%s, %s, %s, '{}', '', 'f', %s, 1, 1, 1, %s, 5,"
+                " %s, 100, 100, 100, %s)",
+                (n, kind, f"r{n}", group, state, n, len(outcomes)),
+            )
+            for number, outcome in enumerate(outcomes, start=1):
+                await conn.execute(
+                    "INSERT INTO attempts (task_id, number, worker, started_at, outcome)"
+                    " VALUES (%s, %s, 'w', 100, %s)",
+                    (n, number, outcome),
+                )
+    store = PostgresStore(postgres_reachable(), schema=schema)
+    await store.open(Settings())
+    try:
+        counts = {state: n for state, n in (await store.counts()).items() if n}
+        groups = await store.groups()
+        ev2 = await store.group_report("ev2")
+        attempts = await store.attempt_counts()
+        stages = [(s.kind, s.pending, s.ready, s.running, s.waiting) for s in await store.stages()]
+    finally:
+        await store.close()
+    assert counts == {TaskState(state): 1 for _, _, state, _ in STORED}
+    assert groups == ["ev1", "ev2"]
+    assert (ev2.total, ev2.dead, [f.ref for f in ev2.failures]) == (2, 1, ["r4"])
+    assert attempts == {
+        AttemptOutcome.RETRY: 2,
+        AttemptOutcome.RUNNING: 1,
+        AttemptOutcome.SUCCEEDED: 1,
+        AttemptOutcome.DEAD: 1,
+        AttemptOutcome.WAITING: 1,
+    }
+    assert stages == [("render", 1, 0, 0, 1), ("scan", 0, 1, 1, 0)]

@@ -22,7 +22,7 @@ from headrace.store.sqlite.connection import (
     path_from_url,
     scripts,
 )
-from headrace.store.types import NewTask, Settings
+from headrace.store.types import AttemptOutcome, NewTask, Settings, TaskState
 
 Schema = list[tuple[str, str, str, str]]
 
@@ -146,6 +146,26 @@ def test_scripts_split_into_whole_statements() -> None:
         sql.split_statements("CREATE TABLE a (x);\nCREATE TABLE b (\n")
 
 
+def test_postgres_scripts_split_around_function_bodies_and_triggers() -> None:
+    """A PostgreSQL statement ends at a `;` outside quotes, comments and `$$` bodies; SQLite's
+    rule would wait for `END;` after its CREATE TRIGGER."""
+    script = (
+        "CREATE FUNCTION f() RETURNS trigger LANGUAGE plpgsql AS $$\n"
+        "BEGIN\n    INSERT INTO a VALUES ('x;'); -- not; the end\n    RETURN NULL;\nEND\n$$;\n"
+        "CREATE TRIGGER t AFTER INSERT ON a\nFOR EACH STATEMENT EXECUTE FUNCTION f();\n"
+        "SELECT 'it''s; still' -- one;\n;\n"
+    )
+    statements = sql.split_statements(script, dialect="postgres")
+    assert [s.split()[:2] for s in statements] == [
+        ["CREATE", "FUNCTION"],
+        ["CREATE", "TRIGGER"],
+        ["SELECT", "'it''s;"],
+    ]
+    assert statements[0].endswith("$$;")
+    with pytest.raises(StoreError, match="incomplete"):
+        sql.split_statements("CREATE FUNCTION f() AS $$ BEGIN;\n", dialect="postgres")
+
+
 def test_urls_name_relative_and_absolute_files() -> None:
     assert path_from_url("sqlite:///studio.db") == Path("studio.db")
     assert path_from_url("sqlite:///data/studio%20one.db") == Path("data/studio one.db")
@@ -245,3 +265,61 @@ async def test_upgrade_migrates_a_file_and_says_from_which_version(tmp_path: Pat
     store = SQLiteStore(tmp_path / "new.db")
     assert await store.upgrade() == (0, latest)
     assert await store.upgrade() == (latest, latest)
+
+
+# Tasks a file holds before the tallies (kind, group, state) and their attempts' outcomes.
+STORED = [
+    ("scan", "ev1", "ready", ()),
+    ("scan", "ev1", "running", ("retry", "running")),
+    ("scan", None, "succeeded", ("succeeded",)),
+    ("render", "ev2", "dead", ("retry", "dead")),
+    ("render", "ev2", "waiting", ("waiting",)),
+    ("render", None, "pending", ()),
+]
+
+
+@pytest.mark.anyio
+async def test_tasks_stored_before_the_tallies_are_counted_by_the_upgrade(tmp_path: Path) -> None:
+    """Migration 12 tallies the tasks and attempts the file holds already."""
+    path = tmp_path / "older.db"
+    queries = sql.load_queries(QUERIES)
+    connection = connect(path, 1.0, queries)
+    for migration in sql.load_migrations(MIGRATIONS)[:11]:
+        for statement in migration.statements:
+            connection.execute(statement)
+    connection.execute("PRAGMA user_version = 11")
+    for n, (kind, group, state, outcomes) in enumerate(STORED, start=1):
+        connection.execute(
+            "INSERT INTO tasks (id, kind, ref, gates, gate_key, flow, grp, tier, submitted_tier,"
+            " cost, state, max_attempts, tag, created_at, run_at, ready_since, attempt)"
+            " VALUES (?, ?, ?, '[]', '', 'f', ?, 1, 1, 1, ?, 5, ?, 100, 100, 100, ?)",
+            (n, kind, f"r{n}", group, state, n, len(outcomes)),
+        )
+        for number, outcome in enumerate(outcomes, start=1):
+            connection.execute(
+                "INSERT INTO attempts (task_id, number, worker, started_at, outcome)"
+                " VALUES (?, ?, 'w', 100, ?)",
+                (n, number, outcome),
+            )
+    connection.close()
+    store = SQLiteStore(path)
+    await store.open(Settings())
+    try:
+        counts = {state: n for state, n in (await store.counts()).items() if n}
+        groups = await store.groups()
+        ev2 = await store.group_report("ev2")
+        attempts = await store.attempt_counts()
+        stages = [(s.kind, s.pending, s.ready, s.running, s.waiting) for s in await store.stages()]
+    finally:
+        await store.close()
+    assert counts == {TaskState(state): 1 for _, _, state, _ in STORED}
+    assert groups == ["ev1", "ev2"]
+    assert (ev2.total, ev2.dead, [f.ref for f in ev2.failures]) == (2, 1, ["r4"])
+    assert attempts == {
+        AttemptOutcome.RETRY: 2,
+        AttemptOutcome.RUNNING: 1,
+        AttemptOutcome.SUCCEEDED: 1,
+        AttemptOutcome.DEAD: 1,
+        AttemptOutcome.WAITING: 1,
+    }
+    assert stages == [("render", 1, 0, 0, 1), ("scan", 0, 1, 1, 0)]

@@ -41,7 +41,7 @@ async def snapshot(app: App, groups: Sequence[str] = ()) -> Snapshot:
     own stages, idle or not) and the app's gates."""
     store = app.store
     names = list(groups) or await store.groups()
-    reports = [await store.group_report(name) for name in names]
+    reports = await asyncio.gather(*(store.group_report(name) for name in names))
     busy = {stage.kind: stage for stage in await store.stages()}
     idle = {kind: StageStats(kind, 0, 0, 0, 0) for kind in app.definitions if kind not in busy}
     stages = sorted({**busy, **idle}.values(), key=lambda stage: stage.kind)

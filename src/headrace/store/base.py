@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from headrace.policy.errors import HeadraceError
 from headrace.policy.gate import GateStatistics
 from headrace.policy.retention import Retention
+from headrace.store.ages import AGE_SAMPLE, ReadyAges
 from headrace.store.pruning import Pruned, PrunerState
 from headrace.store.records import Audit, AuditRow, Changed, Notice, OutboxRow, Record
 from headrace.store.types import (
@@ -160,6 +161,10 @@ class Store(Protocol):
 
     async def attempts(self, task_id: int) -> list[Attempt]: ...
 
+    # The reads behind `/metrics` and `headrace status` come from tallies the store keeps in
+    # the transactions that change tasks and attempts (docs/explanation.md): their cost does
+    # not grow with the backlog or the history.
+
     async def counts(self, *, kinds: Collection[str] | None = None) -> dict[TaskState, int]:
         """Tasks per state, of these kinds only when `kinds` is given."""
         ...
@@ -171,18 +176,21 @@ class Store(Protocol):
         ...
 
     async def ready_ages(
-        self, *, kinds: Collection[str] | None = None, limit: int = 100_000
-    ) -> dict[str, list[float]]:
-        """Per kind (of these kinds only when `kinds` is given), the ages of its ready tasks
-        (as `stages` counts them), oldest first: at most `limit` in all, the oldest."""
+        self, *, kinds: Collection[str] | None = None, sample: int = AGE_SAMPLE
+    ) -> dict[str, ReadyAges]:
+        """Per kind with ready tasks (of these kinds only when `kinds` is given): how many, and
+        the ages (as `stages` reckons them) of its `sample` oldest and `sample` newest ready
+        tasks (store/ages.py)."""
         ...
 
     async def attempt_counts(self) -> dict[AttemptOutcome, int]:
-        """Attempts ever made, by outcome (a running one is `running`). It reads every attempt:
-        a scrape's cost grows with the history kept."""
+        """Attempts ever made, by outcome (a running one is `running`). Deleting attempts (the
+        history kept shorter) leaves these totals as they were."""
         ...
 
-    async def groups(self) -> list[str]: ...
+    async def groups(self) -> list[str]:
+        """Every group that names at least one task, in name order."""
+        ...
 
     async def group_report(self, group: str) -> GroupReport:
         """A group's tasks per state (its pruned tasks counted too, from its rollup), its cost

@@ -1,7 +1,10 @@
 """`memory://`: the whole state machine in one process's memory, for tests and the simulator.
 
 It implements the same verbs with the same semantics as the SQL stores (the conformance suite
-holds them to it); its time is the running event loop's clock unless a clock is given.
+holds them to it); its time is the running event loop's clock unless a clock is given. Like
+theirs, its reads behind `/metrics` and `headrace status` come from tallies kept as tasks and
+attempts change (`_put`, `_start_attempt`, `_end_last_attempt`), and a task leaves through
+`_forget`, which keeps them, attempt totals aside.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from headrace.policy.poison import Expiry
 from headrace.policy.tiers import AGING_CEILING, aged_tier
 from headrace.store import bounds as stage_bounds
 from headrace.store import idempotency
+from headrace.store.ages import AGE_SAMPLE, ReadyAges
 from headrace.store.dispatch import (
     GateBook,
     KindBudget,
@@ -100,6 +104,10 @@ class MemoryStore(MemoryPruning):
         # or whose kind has no room left in the claim.
         self._ready: dict[tuple[str, str], list[tuple[int, float, int]]] = defaultdict(list)
         self._by_state: Counter[tuple[str, TaskState]] = Counter()  # tasks by (kind, state)
+        self._by_group: Counter[tuple[str, TaskState]] = Counter()  # by (group, state)
+        self._dead: dict[str, set[int]] = defaultdict(set)  # dead tasks by group
+        self._ready_since: dict[str, dict[int, float]] = defaultdict(dict)  # by kind, then id
+        self._outcomes: Counter[AttemptOutcome] = Counter()  # attempts: never lowered by _forget
         # Waiting tasks by (kind, "stage", None), (kind, "flow", flow), (kind, "group", group).
         self._queued: Counter[tuple[str, str, str | None]] = Counter()
         self._delayed: list[tuple[float, int]] = []  # ready, but not before run_at
@@ -227,10 +235,8 @@ class MemoryStore(MemoryPruning):
         old = self._tasks.get(record.id)
         self._tasks[record.id] = record
         if old is not None:
-            self._by_state[(old.kind, old.state)] -= 1
-            self._count_waiting(old, -1)
-        self._by_state[(record.kind, record.state)] += 1
-        self._count_waiting(record, 1)
+            self._tally(old, -1)
+        self._tally(record, 1)
         for index, state in (
             (self._running, TaskState.RUNNING),
             (self._waiting, TaskState.WAITING),
@@ -250,6 +256,43 @@ class MemoryStore(MemoryPruning):
             self._enqueue(record)
             self._woken.set()
 
+    def _tally(self, task: TaskRecord, step: int) -> None:
+        """Count a task in (1) or out of (-1) the tallies and the indexes the reads use."""
+        self._by_state[(task.kind, task.state)] += step
+        self._count_waiting(task, step)
+        if task.group is not None:
+            self._by_group[(task.group, task.state)] += step
+        if task.group is not None and task.state is TaskState.DEAD:
+            _index(self._dead[task.group], task.id, step)
+        if task.state is TaskState.READY:
+            since = task.ready_since if task.ready_since is not None else task.created_at
+            ready = self._ready_since[task.kind]
+            if step > 0:
+                ready[task.id] = since
+            else:
+                ready.pop(task.id, None)
+
+    def _forget(self, task_ids: Collection[int]) -> None:
+        """Delete finished tasks with their attempts, dependency edges and keys (retention), as
+        the SQL stores' triggers see a DELETE: out of every tally but the attempt totals."""
+        for task_id in task_ids:
+            task = self._tasks[task_id]
+            if not task.state.terminal:
+                raise ConfigError(f"task {task_id} has no outcome yet: it cannot be forgotten")
+        for task_id in task_ids:
+            task = self._tasks.pop(task_id)
+            self._tally(task, -1)
+            self._attempts.pop(task_id, None)
+            for dep in self._deps.pop(task_id, set()):
+                self._dependents[dep].discard(task_id)
+            for dependent in self._dependents.pop(task_id, set()):
+                self._deps[dependent].discard(task_id)
+            if task.key is not None and self._keys.get(task.key) == task_id:
+                del self._keys[task.key]
+                self._digests.pop(task.key, None)
+            for index in (self._lanes, self._unmet, self._lost, self._tickets):
+                index.pop(task_id, None)
+
     def _count_waiting(self, task: TaskRecord, step: int) -> None:
         """Keep what stage limits count: waiting tasks by kind, and by kind and flow or group."""
         if task.state in (TaskState.PENDING, TaskState.READY):
@@ -265,16 +308,21 @@ class MemoryStore(MemoryPruning):
         if task.tier > AGING_CEILING and task.ready_since is not None:
             heapq.heappush(self._aging, (task.ready_since, task.id))
 
+    def _ready_task(self, task_id: int) -> TaskRecord | None:
+        """The task, if it is ready (a heap entry may name one since gone: `_forget`)."""
+        task = self._tasks.get(task_id)
+        return task if task is not None and task.state is TaskState.READY else None
+
     def _is_queued(self, entry: tuple[int, float, int]) -> bool:
-        task = self._tasks.get(entry[2])  # None: pruned since it was queued
-        return task is not None and task.state is TaskState.READY and _entry(task) == entry
+        task = self._ready_task(entry[2])
+        return task is not None and _entry(task) == entry
 
     def _due(self, now: float) -> None:
         """Move retries whose run_at has come into the ready queues."""
         while self._delayed and self._delayed[0][0] <= now:
             _, task_id = heapq.heappop(self._delayed)
-            task = self._tasks.get(task_id)
-            if task is not None and task.state is TaskState.READY and task.run_at <= now:
+            task = self._ready_task(task_id)
+            if task is not None and task.run_at <= now:
                 heapq.heappush(self._ready[_queue_of(task)], _entry(task))
 
     # -- claiming
@@ -382,7 +430,7 @@ class MemoryStore(MemoryPruning):
                 heapq.heappush(heads, (queue[0], key))
 
     def _next_run_at(self) -> float | None:
-        while self._delayed and not self._is_ready(self._delayed[0][1]):
+        while self._delayed and self._ready_task(self._delayed[0][1]) is None:
             heapq.heappop(self._delayed)
         return self._delayed[0][0] if self._delayed else None
 
@@ -408,15 +456,27 @@ class MemoryStore(MemoryPruning):
             lease_token=task.lease_token + 1,
         )
         self._put(record)
-        self._attempts[task.id].append(Attempt(task.id, number, worker, now))
+        self._start_attempt(Attempt(task.id, number, worker, now))
         return Lease(record, record.lease_token, now + lease_for)
+
+    def _start_attempt(self, attempt: Attempt) -> None:
+        self._attempts[attempt.task_id].append(attempt)
+        self._outcomes[attempt.outcome] += 1
+
+    def _end_last_attempt(
+        self, task_id: int, now: float, outcome: AttemptOutcome, error: AttemptError | None
+    ) -> None:
+        history = self._attempts[task_id]
+        self._outcomes[history[-1].outcome] -= 1
+        history[-1] = _ended(history[-1], now, outcome, error)
+        self._outcomes[outcome] += 1
 
     def _age(self, now: float) -> None:
         step = self.settings.aging_step
         while self._aging and step > 0 and self._aging[0][0] <= now - step:
             _, task_id = heapq.heappop(self._aging)
-            task = self._tasks.get(task_id)
-            if task is None or task.state is not TaskState.READY or task.ready_since is None:
+            task = self._ready_task(task_id)
+            if task is None or task.ready_since is None:
                 continue
             tier = aged_tier(task.tier, now - task.ready_since, step)
             if tier != task.tier:
@@ -637,18 +697,17 @@ class MemoryStore(MemoryPruning):
     def _end_attempt(
         self, task: TaskRecord, now: float, outcome: AttemptOutcome, error: AttemptError | None
     ) -> None:
-        history = self._attempts[task.id]
         if task.state is TaskState.WAITING:
             self._close_remote_attempt(task, now, outcome, error)
             return
-        history[-1] = _ended(history[-1], now, outcome, error)
+        self._end_last_attempt(task.id, now, outcome, error)
 
     def _close_remote_attempt(
         self, task: TaskRecord, now: float, outcome: AttemptOutcome, error: AttemptError | None
     ) -> None:
         history = self._attempts[task.id]
         if history and history[-1].outcome is AttemptOutcome.WAITING:
-            history[-1] = _ended(history[-1], now, outcome, error)
+            self._end_last_attempt(task.id, now, outcome, error)
 
     def _rated(self, name: str) -> bool:
         return gating.resolve(name, self._configs).rate is not None
@@ -691,8 +750,7 @@ class MemoryStore(MemoryPruning):
         if task.state in (TaskState.RUNNING, TaskState.WAITING):
             self._close_remote_attempt(task, now, AttemptOutcome.CANCELLED, None)
             if task.state is TaskState.RUNNING:
-                history = self._attempts[task_id]
-                history[-1] = _ended(history[-1], now, AttemptOutcome.CANCELLED, None)
+                self._end_last_attempt(task_id, now, AttemptOutcome.CANCELLED, None)
         self._release(task_id, now)
         self._put(
             replace(
@@ -775,8 +833,8 @@ class MemoryStore(MemoryPruning):
 
     def _expire(self, task: TaskRecord, now: float) -> None:
         error = AttemptError.of(ErrorClass.TRANSIENT, LEASE_EXPIRED, "worker lost its lease")
+        self._end_last_attempt(task.id, now, AttemptOutcome.LEASE_EXPIRED, error)
         history = self._attempts[task.id]
-        history[-1] = _ended(history[-1], now, AttemptOutcome.LEASE_EXPIRED, error)
         # Its worker's other tasks still running, or lost after this attempt began: it died
         # beside them (a worker's name may be reused by a later process: older losses do not
         # count).
@@ -846,22 +904,17 @@ class MemoryStore(MemoryPruning):
 
     async def counts(self, *, kinds: Collection[str] | None = None) -> dict[TaskState, int]:
         counts = dict.fromkeys(TaskState, 0)
-        for task in self._tasks.values():
-            if kinds is None or task.kind in kinds:
-                counts[task.state] += 1
+        for (kind, state), n in self._by_state.items():
+            if kinds is None or kind in kinds:
+                counts[state] += n
         return counts
 
     async def stages(self, *, kinds: Collection[str] | None = None) -> list[StageStats]:
         now = self.clock.now()
         counts: dict[str, dict[TaskState, int]] = {}
-        oldest: dict[str, float] = {}
-        for task in self._tasks.values():
-            if task.state not in ACTIVE or (kinds is not None and task.kind not in kinds):
-                continue
-            counts.setdefault(task.kind, dict.fromkeys(ACTIVE, 0))[task.state] += 1
-            if task.state is TaskState.READY:
-                since = task.ready_since if task.ready_since is not None else task.created_at
-                oldest[task.kind] = min(since, oldest.get(task.kind, since))
+        for (kind, state), n in self._by_state.items():
+            if n and state in ACTIVE and (kinds is None or kind in kinds):
+                counts.setdefault(kind, dict.fromkeys(ACTIVE, 0))[state] = n
         return [
             StageStats(
                 kind,
@@ -869,48 +922,48 @@ class MemoryStore(MemoryPruning):
                 ready=by_state[TaskState.READY],
                 running=by_state[TaskState.RUNNING],
                 waiting=by_state[TaskState.WAITING],
-                oldest_ready_age=now - oldest[kind] if kind in oldest else None,
+                oldest_ready_age=self._oldest_ready_age(kind, now),
             )
             for kind, by_state in sorted(counts.items())
         ]
 
+    def _oldest_ready_age(self, kind: str, now: float) -> float | None:
+        ready = self._ready_since.get(kind)
+        return now - min(ready.values()) if ready else None
+
     async def ready_ages(
-        self, *, kinds: Collection[str] | None = None, limit: int = 100_000
-    ) -> dict[str, list[float]]:
+        self, *, kinds: Collection[str] | None = None, sample: int = AGE_SAMPLE
+    ) -> dict[str, ReadyAges]:
         now = self.clock.now()
-        ready = sorted(
-            (
-                task.ready_since if task.ready_since is not None else task.created_at,
-                task.id,
-                task.kind,
+        ages: dict[str, ReadyAges] = {}
+        for kind, ready in sorted(self._ready_since.items()):
+            if not ready or (kinds is not None and kind not in kinds):
+                continue
+            queue = [(since, task_id) for task_id, since in ready.items()]
+            oldest = heapq.nsmallest(sample, queue)
+            newest = heapq.nlargest(max(0, min(sample, len(queue) - sample)), queue)
+            ages[kind] = ReadyAges(
+                len(queue),
+                tuple(now - since for since, _ in oldest),
+                tuple(now - since for since, _ in reversed(newest)),
             )
-            for task in self._tasks.values()
-            if task.state is TaskState.READY and (kinds is None or task.kind in kinds)
-        )
-        ages: dict[str, list[float]] = {}
-        for since, _, kind in ready[:limit]:
-            ages.setdefault(kind, []).append(now - since)
         return ages
 
     async def attempt_counts(self) -> dict[AttemptOutcome, int]:
-        return dict(Counter(a.outcome for history in self._attempts.values() for a in history))
+        return {outcome: n for outcome, n in self._outcomes.items() if n}
 
     async def groups(self) -> list[str]:
-        kept = {t.group for t in self._tasks.values() if t.group is not None}
-        return sorted(kept | {group for group, _ in self._rollup})
+        tallied = {group for (group, _), n in self._by_group.items() if n}
+        return sorted(tallied | {group for (group, _), n in self._rollup.items() if n})
 
     async def group_report(self, group: str) -> GroupReport:
-        members = [t for t in self._tasks.values() if t.group == group]
-        by_state = dict.fromkeys(TaskState, 0)
-        for task in members:
-            by_state[task.state] += 1
+        by_state = {state: self._by_group[(group, state)] for state in TaskState}
         for state, pruned in self._rolled_up(group).items():
             by_state[state] += pruned
         cost = {kind: units for (g, kind), units in self._ledger.items() if g == group}
         failures = tuple(
             Failure(t.id, t.kind, t.ref, t.error_code, t.attempt)
-            for t in members
-            if t.state is TaskState.DEAD
+            for t in (self._tasks[task_id] for task_id in sorted(self._dead.get(group, ())))
         )
         total = sum(by_state.values())
         return GroupReport(group, total, by_state, dict(sorted(cost.items())), failures)
@@ -927,7 +980,7 @@ class MemoryStore(MemoryPruning):
         return stats
 
     def active(self) -> int:
-        return sum(1 for t in self._tasks.values() if t.state in ACTIVE)
+        return sum(n for (_, state), n in self._by_state.items() if state in ACTIVE)
 
 
 def _settled(task: TaskRecord) -> TaskRecord:
@@ -935,6 +988,13 @@ def _settled(task: TaskRecord) -> TaskRecord:
     if task.state is not TaskState.WAITING:
         return task
     return replace(task, remote_jobs=task.remote_jobs + 1)
+
+
+def _index(members: set[int], task_id: int, step: int) -> None:
+    if step > 0:
+        members.add(task_id)
+    else:
+        members.discard(task_id)
 
 
 def _queue_of(task: TaskRecord) -> tuple[str, str]:

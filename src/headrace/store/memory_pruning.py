@@ -5,6 +5,7 @@ statements (`prunable_tasks` and the rest): the conformance suite holds them to 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Collection
 from dataclasses import replace
 
 from headrace.policy.retention import Retention
@@ -44,7 +45,8 @@ class MemoryPruning(MemoryRecords):
     _lanes: dict[int, str]
     _lost: dict[int, tuple[str, float]]
     _tickets: dict[int, dict[str, bool]]
-    _by_state: Counter[tuple[str, TaskState]]
+
+    def _forget(self, task_ids: Collection[int]) -> None: ...  # MemoryStore's: every trace
 
     def __init__(self) -> None:
         super().__init__()
@@ -126,8 +128,7 @@ class MemoryPruning(MemoryRecords):
                 self._rollup[(task.group, task.state)] += 1
             if task.state in FAILED:
                 self._orphan(waiting_on.get(task.id, set()) - gone)
-        for task in tasks:
-            self._forget(task, waiting_on.get(task.id, set()))
+        self._forget([task.id for task in tasks])
 
     def _orphan(self, dependents: set[int]) -> None:
         """Tasks cancelled for a task being pruned can no longer be restored by a redrive."""
@@ -135,22 +136,6 @@ class MemoryPruning(MemoryRecords):
             found = self._tasks[dependent]
             if found.state is TaskState.CANCELLED and found.error_code == UPSTREAM_FAILED:
                 self._tasks[dependent] = replace(found, error_code=UPSTREAM_PRUNED)
-
-    def _forget(self, task: TaskRecord, dependents: set[int]) -> None:
-        """Every trace of a task: its row, attempts, dependency rows, key."""
-        del self._tasks[task.id]
-        self._by_state[(task.kind, task.state)] -= 1
-        self._attempts.pop(task.id, None)
-        for dep in self._deps.pop(task.id, set()):
-            self._dependents.get(dep, set()).discard(task.id)
-        for dependent in dependents:
-            self._deps.get(dependent, set()).discard(task.id)
-        self._dependents.pop(task.id, None)
-        if task.key is not None and self._keys.get(task.key) == task.id:
-            del self._keys[task.key]
-            self._digests.pop(task.key, None)
-        for index in (self._unmet, self._lanes, self._lost, self._tickets):
-            index.pop(task.id, None)
 
     def _rolled_up(self, group: str) -> dict[TaskState, int]:
         return {state: n for (g, state), n in self._rollup.items() if g == group}

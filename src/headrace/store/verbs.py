@@ -13,6 +13,7 @@ from headrace.policy.errors import HeadraceError
 from headrace.policy.gate import GateStatistics
 from headrace.policy.retention import Retention
 from headrace.store import pruning
+from headrace.store.ages import AGE_SAMPLE, ReadyAges
 from headrace.store.machine import Transaction
 from headrace.store.pruning import Batch, Mark, Pruned, PrunerState
 from headrace.store.records import (
@@ -152,9 +153,9 @@ class TransactionVerbs:
         return await self._read(lambda tx: tx.stages(kinds_list(kinds)))
 
     async def ready_ages(
-        self: Transacts, *, kinds: Collection[str] | None = None, limit: int = 100_000
-    ) -> dict[str, list[float]]:
-        return await self._read(lambda tx: tx.ready_ages(kinds_list(kinds), limit))
+        self: Transacts, *, kinds: Collection[str] | None = None, sample: int = AGE_SAMPLE
+    ) -> dict[str, ReadyAges]:
+        return await self._read(lambda tx: tx.ready_ages(kinds_list(kinds), sample))
 
     async def attempt_counts(self: Transacts) -> dict[AttemptOutcome, int]:
         return await self._read(lambda tx: tx.attempt_counts())

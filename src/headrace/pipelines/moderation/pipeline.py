@@ -657,9 +657,7 @@ class Moderation:
         same digest (`release_originals`)."""
         await self.release_originals({item.digest}, leaving={item.media_id})
 
-    async def release_originals(
-        self, digests: Collection[str], *, leaving: Collection[str]
-    ) -> int:
+    async def release_originals(self, digests: Collection[str], *, leaving: Collection[str]) -> int:
         """Delete the originals of `digests` that no item but those `leaving` (and refused
         ones) names; return how many went. Safe against an upload of the same bytes at that
         moment: each original is first taken out of its place (moved), then the records are

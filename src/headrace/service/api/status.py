@@ -1,10 +1,10 @@
 """Progress and operations: a task, a group (an event: counts by state, % complete, the cost
-ledger), the stages (depth, oldest age, p95 age by class), the gates, and the dead letters
-(list, show, redrive: admin only)."""
+ledger), the stages (depth, oldest age, p95 age by class: from the store's age sample, see
+store/ages.py), the gates, and the dead letters (list, show, redrive: admin only)."""
 
 from __future__ import annotations
 
-import math
+import asyncio
 from collections.abc import Sequence
 from typing import Annotated, Any
 
@@ -22,6 +22,7 @@ from headrace.service.api.deps import (
     not_found,
     require,
 )
+from headrace.store.ages import ReadyAges, quantile
 from headrace.store.types import Attempt, TaskRecord, TaskState
 
 router = APIRouter(tags=["status"])
@@ -139,12 +140,9 @@ def attempt_view(attempt: Attempt) -> AttemptView:
     )
 
 
-def p95(ages: Sequence[float]) -> float | None:
-    """The nearest-rank 95th percentile."""
-    if not ages:
-        return None
-    ordered = sorted(ages)
-    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
+def p95(stages: Sequence[ReadyAges]) -> float | None:
+    """The nearest-rank 95th percentile of the ready tasks of `stages`."""
+    return quantile(stages, 0.95)
 
 
 async def visible_task(svc: Service, who: Principal, task_id: int) -> TaskRecord:
@@ -189,14 +187,14 @@ async def get_group(group: Group, svc: TheService, who: Caller) -> GroupView:
 async def get_stages(svc: TheService, who: Caller) -> StagesView:
     await require(svc, who, Role.MODERATOR, action="stages.read")
     classes = svc.moderation.app.cost_classes()
-    ages = await svc.store.ready_ages()
-    by_class: dict[str, list[float]] = {name: [] for name in sorted(set(classes.values()))}
+    ages, found = await asyncio.gather(svc.store.ready_ages(), svc.store.stages())
+    by_class: dict[str, list[ReadyAges]] = {name: [] for name in sorted(set(classes.values()))}
     stages = []
-    for stage in await svc.store.stages():
-        waited = ages.get(stage.kind, [])
+    for stage in found:
+        waited = ages.get(stage.kind, ReadyAges(0))
         cost_class = classes.get(stage.kind)
         if cost_class is not None:
-            by_class[cost_class].extend(waited)
+            by_class[cost_class].append(waited)
         stages.append(
             StageView(
                 kind=stage.kind,
@@ -206,7 +204,7 @@ async def get_stages(svc: TheService, who: Caller) -> StagesView:
                 running=stage.running,
                 waiting=stage.waiting,
                 oldest_age=stage.oldest_ready_age,
-                p95_age=p95(waited),
+                p95_age=p95([waited]),
             )
         )
     return StagesView(

@@ -7,6 +7,7 @@ from headrace.store.machine.claim import Claimed
 from headrace.store.machine.core import (
     AGING_SLACK,
     CLAIM_BATCH,
+    FOLD_EVERY,
     SWEEP_EVERY,
     Driver,
     GateRows,
@@ -20,6 +21,7 @@ from headrace.store.machine.transaction import Transaction
 __all__ = [
     "AGING_SLACK",
     "CLAIM_BATCH",
+    "FOLD_EVERY",
     "SWEEP_EVERY",
     "Claimed",
     "Driver",

@@ -121,13 +121,16 @@ class Claiming(Outcomes):
         self._held_back = stage_bounds.holding_back(limits)
         return list(limits.values())
 
-    async def sweep(self) -> float:
-        """Reap expired leases and age low tasks; return the store time it ran at."""
+    async def sweep(self, *, fold: bool = False) -> float:
+        """Reap expired leases and age low tasks, and `fold` the tallies; return the store time
+        it ran at."""
         await self.read_clock()
         aging = await self.send_aging()
         if await self.reap():
             aging = await self.send_aging()  # tasks made ready again may age as well
         await self.age(aging)
+        if fold:
+            await self.run("fold_tallies")
         return self.now
 
     async def read_claim_start(self, sent: Pending) -> float | None:

@@ -37,6 +37,10 @@ AGING_SLACK = 1e-3
 # after one that did: an expiry or an aging step is seen this much later at most, and a busy
 # worker's claims skip two statements.
 SWEEP_EVERY = 0.1
+# Seconds of store time between a store's folds of the tallies (`fold_tallies`, with a sweep):
+# on PostgreSQL the changes its triggers appended move into the tallies, so a read sums at most
+# what changed in about that time; on SQLite the tallies that count nothing go.
+FOLD_EVERY = 10.0
 
 
 class Pending(Protocol):
@@ -66,13 +70,24 @@ class Driver(Protocol):
 @dataclass
 class Sweeps:
     """When a store's claims last reaped expired leases and aged low tasks (`Transaction.sweep`),
-    by the store's clock."""
+    and last folded the tallies, by the store's clock."""
 
     at: float = -math.inf
+    folded: float = -math.inf
 
     def due(self, now: float) -> bool:
         """Whether a claim at `now` sweeps first: SWEEP_EVERY has passed, or the clock went back."""
         return not self.at <= now < self.at + SWEEP_EVERY
+
+    def fold_due(self, now: float) -> bool:
+        """Whether a sweep at `now` folds the tallies too: FOLD_EVERY has passed, or the clock
+        went back."""
+        return not self.folded <= now < self.folded + FOLD_EVERY
+
+    def swept(self, at: float, *, folded: bool) -> None:
+        self.at = at
+        if folded:
+            self.folded = at
 
 
 @dataclass(frozen=True)

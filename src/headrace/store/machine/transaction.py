@@ -24,7 +24,9 @@ from headrace.policy.errors import (
     UnknownGate,
 )
 from headrace.policy.gate import GateStatistics
+from headrace.store.ages import ReadyAges
 from headrace.store.machine.claim import Claiming
+from headrace.store.machine.core import Pending
 from headrace.store.machine.pruning import PruneSteps
 from headrace.store.machine.records import RecordSteps
 from headrace.store.rows import (
@@ -80,15 +82,31 @@ class Transaction(Claiming, RecordSteps, PruneSteps):
         found = await self.rows("stage_stats", kinds=kinds)
         return [stage_of(row, self.now) for row in found]
 
-    async def ready_ages(self, kinds: list[str] | None, limit: int) -> dict[str, list[float]]:
-        ages: dict[str, list[float]] = {}
-        for found in await self.rows("ready_since", kinds=kinds, limit=limit):
-            ages.setdefault(found["kind"], []).append(self.now - float(found["since"]))
+    async def ready_ages(self, kinds: list[str] | None, sample: int) -> dict[str, ReadyAges]:
+        """Each kind's ready count (its tally), then both ends of its ready queue from the
+        index, each end one array, every kind's statements sent before any is read (one round
+        trip). The two ends never overlap: the newest are taken only past the oldest."""
+        sent: list[tuple[str, int, Pending, Pending]] = []
+        for found in await self.rows("ready_counts", kinds=kinds):
+            kind, count = str(found["kind"]), int(found["n"])
+            rest = max(0, min(sample, count - sample))
+            oldest = await self.send("oldest_ready", kind=kind, limit=sample)
+            newest = await self.send("newest_ready", kind=kind, limit=rest)
+            sent.append((kind, count, oldest, newest))
+        ages: dict[str, ReadyAges] = {}
+        for kind, count, oldest, newest in sent:
+            ages[kind] = ReadyAges(count, await self.waits(oldest), await self.waits(newest))
         return ages
+
+    async def waits(self, sent: Pending) -> tuple[float, ...]:
+        """The ages of an array of times a task became ready, longest wait first."""
+        found = await sent.fetchone()
+        since = [] if found is None else found["since"]
+        return tuple(sorted((self.now - float(at) for at in since), reverse=True))
 
     async def attempt_counts(self) -> dict[AttemptOutcome, int]:
         found = await self.rows("attempt_outcomes")
-        return {AttemptOutcome(row["outcome"]): int(row["n"]) for row in found}
+        return {AttemptOutcome(row["outcome"]): int(row["n"]) for row in found if int(row["n"])}
 
     async def groups(self) -> list[str]:
         return sorted(str(found["grp"]) for found in await self.rows("group_names"))

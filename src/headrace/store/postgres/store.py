@@ -310,7 +310,8 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         if sweep:
             # Its own transaction: the tasks it makes ready or promotes are not held by a claim
             # that has yet to lock their gates (another claim would skip them, out of order).
-            self._sweeps.at = await self._write(lambda tx: tx.sweep())
+            fold = self._sweeps.fold_due(seen)
+            self._sweeps.swept(await self._write(lambda tx: tx.sweep(fold=fold)), folded=fold)
         results, claimed = await self._write(verb, clock_first=False)  # read in passing
         merged: list[HeadraceError | None] = [None] * len(finished)
         for n, result in [*zip(spawning, early, strict=True), *zip(carried, results, strict=True)]:

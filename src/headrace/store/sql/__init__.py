@@ -5,6 +5,8 @@ folder per dialect (`sqlite/`, `postgres/`), each with `queries.sql`, `schema.sq
 A query file holds statements under `-- name: <query_name>` headers, each followed by a one-line
 `-- <description>` and the statement. Migrations are `migrations/NNNN_<what>.sql`, applied in
 order of their number; the number is the schema version a store records once it applied them.
+A script is split into whole statements by its dialect's rules: SQLite's own (a trigger's body
+ends at `END;`), or PostgreSQL's (a `;` outside quotes, comments and `$$`-quoted bodies).
 """
 
 from __future__ import annotations
@@ -68,12 +70,15 @@ def _parse_query(name: str, body: str, source: str) -> Query:
 
 @functools.cache
 def load_migrations(folder: str) -> tuple[Migration, ...]:
-    """Every migration in `folder`, in version order; versions run 1, 2, 3… without gaps."""
+    """Every migration in `folder` (`<dialect>/migrations`), in version order; versions run 1,
+    2, 3… without gaps."""
+    dialect = folder.partition("/")[0]
     found: list[Migration] = []
     for entry in resources.files(__name__).joinpath(folder).iterdir():
         match = _MIGRATION_FILE.match(entry.name)
         if match is not None:
-            statements = tuple(split_statements(entry.read_text(encoding="utf-8")))
+            text = entry.read_text(encoding="utf-8")
+            statements = tuple(split_statements(text, dialect=dialect))
             found.append(Migration(int(match[1]), match[2], statements))
     found.sort(key=lambda migration: migration.version)
     if [m.version for m in found] != list(range(1, len(found) + 1)):
@@ -81,18 +86,47 @@ def load_migrations(folder: str) -> tuple[Migration, ...]:
     return tuple(found)
 
 
-def split_statements(script: str) -> list[str]:
-    """The statements of a script, each whole (with the comments before it)."""
+def split_statements(script: str, *, dialect: str = "sqlite") -> list[str]:
+    """The statements of a script in `dialect` (sqlite or postgres), each whole (with the
+    comments before it)."""
+    complete = complete_postgres if dialect == "postgres" else sqlite3.complete_statement
     statements: list[str] = []
     pending = ""
     for line in script.splitlines(keepends=True):
         pending += line
-        if sqlite3.complete_statement(pending):
+        if complete(pending):
             statements.append(pending.strip())
             pending = ""
     if _without_comments(pending):
         raise StoreError(f"an incomplete SQL statement ends the script: {pending.strip()[:60]!r}")
     return statements
+
+
+# What may open a quoted span or a comment in PostgreSQL: 'text', "name", -- line, $tag$ body $tag$.
+_PG_OPENING = re.compile(r"'|\"|--|\$(?:[A-Za-z_][A-Za-z_0-9]*)?\$")
+
+
+def complete_postgres(text: str) -> bool:
+    """Whether `text` ends a PostgreSQL statement: with `;` (then only blanks and comments)
+    outside quotes, comments and dollar-quoted bodies (a function's)."""
+    code: list[str] = []
+    position = 0
+    while True:
+        opening = _PG_OPENING.search(text, position)
+        if opening is None:
+            code.append(text[position:])
+            break
+        code.append(text[position : opening.start()])
+        token = opening.group()
+        closing = "\n" if token == "--" else token
+        close = text.find(closing, opening.end())
+        if close < 0:
+            if token != "--":
+                return False  # within a quote or a body: the statement goes on
+            break
+        code.append(" " if token == "--" else "x")
+        position = close + len(closing)
+    return "".join(code).rstrip().endswith(";")
 
 
 def _without_comments(text: str) -> str:

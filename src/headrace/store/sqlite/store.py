@@ -182,7 +182,8 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         async def verb(tx: Transaction) -> ClaimResult:
             results = await tx.finish_many(batch) if batch else []
             if self._sweeps.due(tx.now):  # under the same write lock as the claim
-                self._sweeps.at = await tx.sweep()
+                fold = self._sweeps.fold_due(tx.now)
+                self._sweeps.swept(await tx.sweep(fold=fold), folded=fold)
             claimed = await tx.claim(
                 worker, limit, lease_for, wanted, alone=alone, within=tuple(within), memory=memory
             )

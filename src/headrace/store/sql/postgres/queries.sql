@@ -661,34 +661,129 @@ LIMIT %(limit)s::integer;
 SELECT * FROM attempts WHERE task_id = %(task_id)s::bigint ORDER BY number;
 
 -- name: count_by_state
--- How many tasks are in each state, of the kinds given or all.
-SELECT state, count(*) AS n FROM tasks
+-- How many tasks are in each state, of the kinds given or all: the tallies and the changes not folded in yet.
+SELECT state, sum(n)::bigint AS n
+FROM (
+    SELECT kind, state, n FROM kind_tally
+    UNION ALL
+    SELECT kind, state, n FROM tally_changes
+) AS tally
 WHERE %(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[])
 GROUP BY state;
 
 -- name: stage_stats
--- Per kind with unfinished tasks (of the kinds given, or all): its tasks per state and when its oldest ready task became ready.
-SELECT kind,
-       count(*) FILTER (WHERE state = 'pending') AS pending,
-       count(*) FILTER (WHERE state = 'ready') AS ready,
-       count(*) FILTER (WHERE state = 'running') AS running,
-       count(*) FILTER (WHERE state = 'waiting') AS waiting,
-       min(coalesce(ready_since, created_at)) FILTER (WHERE state = 'ready') AS oldest_ready
-FROM tasks
-WHERE state IN ('pending', 'ready', 'running', 'waiting')
-  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+-- Per kind with unfinished tasks (of the kinds given, or all): its tasks per state (tallies) and when its oldest ready task became ready (the index).
+SELECT s.kind, s.pending, s.ready, s.running, s.waiting,
+       CASE WHEN s.ready > 0 THEN (
+           SELECT coalesce(t.ready_since, t.created_at) FROM tasks AS t
+           WHERE t.kind = s.kind AND t.state = 'ready'
+           ORDER BY coalesce(t.ready_since, t.created_at)
+           LIMIT 1
+       ) END AS oldest_ready
+FROM (
+    SELECT kind,
+           coalesce(sum(n) FILTER (WHERE state = 'pending'), 0)::bigint AS pending,
+           coalesce(sum(n) FILTER (WHERE state = 'ready'), 0)::bigint AS ready,
+           coalesce(sum(n) FILTER (WHERE state = 'running'), 0)::bigint AS running,
+           coalesce(sum(n) FILTER (WHERE state = 'waiting'), 0)::bigint AS waiting
+    FROM (
+        SELECT kind, state, n FROM kind_tally
+        UNION ALL
+        SELECT kind, state, n FROM tally_changes
+    ) AS tally
+    WHERE state IN ('pending', 'ready', 'running', 'waiting')
+      AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+    GROUP BY kind
+    HAVING sum(n) > 0
+) AS s
+ORDER BY s.kind;
+
+-- name: ready_counts
+-- Per kind with ready tasks (of the kinds given, or all), how many: the tallies and the changes not folded in yet.
+SELECT kind, sum(n)::bigint AS n
+FROM (
+    SELECT kind, state, n FROM kind_tally
+    UNION ALL
+    SELECT kind, state, n FROM tally_changes
+) AS tally
+WHERE state = 'ready' AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
 GROUP BY kind
+HAVING sum(n) > 0
 ORDER BY kind;
 
+-- name: oldest_ready
+-- When the oldest ready tasks of a kind became ready, as one array (the index, read from its start).
+SELECT ARRAY(
+    SELECT coalesce(ready_since, created_at) FROM tasks
+    WHERE kind = %(kind)s::text AND state = 'ready'
+    ORDER BY coalesce(ready_since, created_at), id
+    LIMIT %(limit)s::integer
+) AS since;
+
+-- name: newest_ready
+-- When the newest ready tasks of a kind became ready, as one array (the index, read from its end).
+SELECT ARRAY(
+    SELECT coalesce(ready_since, created_at) FROM tasks
+    WHERE kind = %(kind)s::text AND state = 'ready'
+    ORDER BY coalesce(ready_since, created_at) DESC, id DESC
+    LIMIT %(limit)s::integer
+) AS since;
+
 -- name: group_names
--- Every group that names at least one task, kept or pruned.
-SELECT grp FROM tasks WHERE grp IS NOT NULL
-UNION
-SELECT grp FROM group_rollup;
+-- Every group that names at least one task, kept or pruned: the tallies, the changes not folded in yet, and the rollup of pruned tasks.
+SELECT grp
+FROM (
+    SELECT grp, n FROM group_tally
+    UNION ALL
+    SELECT grp, n FROM tally_changes WHERE grp IS NOT NULL
+    UNION ALL
+    SELECT grp, n FROM group_rollup
+) AS tally
+GROUP BY grp
+HAVING sum(n) > 0;
 
 -- name: group_counts
--- How many tasks of a group are in each state.
-SELECT state, count(*) AS n FROM tasks WHERE grp = %(grp)s::text GROUP BY state;
+-- How many tasks of a group are in each state: the tallies and the changes not folded in yet.
+SELECT state, sum(n)::bigint AS n
+FROM (
+    SELECT state, n FROM group_tally WHERE grp = %(grp)s::text
+    UNION ALL
+    SELECT state, n FROM tally_changes WHERE grp = %(grp)s::text
+) AS tally
+GROUP BY state;
+
+-- name: fold_tallies
+-- Move the committed changes into the tallies and drop the tallies that count nothing, one folder at a time.
+WITH alone AS MATERIALIZED (
+    SELECT pg_try_advisory_xact_lock(hashtext('headrace.fold:' || current_schema())) AS locked
+), changes AS (
+    DELETE FROM tally_changes WHERE (SELECT locked FROM alone)
+    RETURNING kind, grp, state, n
+), attempts AS (
+    DELETE FROM attempt_changes WHERE (SELECT locked FROM alone)
+    RETURNING outcome, n
+), empty_kinds AS (  -- a change still to come for it would be folded into a new row
+    DELETE FROM kind_tally AS z
+    WHERE z.n = 0 AND (SELECT locked FROM alone) AND NOT EXISTS (
+        SELECT 1 FROM tally_changes AS c WHERE c.kind = z.kind AND c.state = z.state
+    )
+), empty_groups AS (
+    DELETE FROM group_tally AS z
+    WHERE z.n = 0 AND (SELECT locked FROM alone) AND NOT EXISTS (
+        SELECT 1 FROM tally_changes AS c WHERE c.grp = z.grp AND c.state = z.state
+    )
+), kinds AS (
+    INSERT INTO kind_tally AS t (kind, state, n)
+    SELECT kind, state, sum(n) FROM changes GROUP BY kind, state
+    ON CONFLICT (kind, state) DO UPDATE SET n = t.n + excluded.n
+), groups AS (
+    INSERT INTO group_tally AS t (grp, state, n)
+    SELECT grp, state, sum(n) FROM changes WHERE grp IS NOT NULL GROUP BY grp, state
+    ON CONFLICT (grp, state) DO UPDATE SET n = t.n + excluded.n
+)
+INSERT INTO attempt_tally AS t (outcome, n)
+SELECT outcome, sum(n) FROM attempts GROUP BY outcome
+ON CONFLICT (outcome) DO UPDATE SET n = t.n + excluded.n;
 
 -- name: group_ledger
 -- A group's units per kind, summed over the workers' shards.
@@ -782,15 +877,6 @@ UPDATE outbox SET delivered_at = %(now)s::double precision
 WHERE id = ANY(%(ids)s::bigint[]) AND delivered_at IS NULL
 RETURNING id;
 
--- name: ready_since
--- When each ready task (of the kinds given, or all) became ready, oldest first.
-SELECT kind, coalesce(ready_since, created_at) AS since
-FROM tasks
-WHERE state = 'ready'
-  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
-ORDER BY since, id
-LIMIT %(limit)s::integer;
-
 -- name: wake_remote
 -- Waiting tasks on a remote job whose check is not running, due now (a webhook said how it ended).
 UPDATE tasks SET run_at = %(now)s::double precision
@@ -800,8 +886,18 @@ WHERE state = 'waiting' AND remote_id = %(remote_id)s::text
 RETURNING id;
 
 -- name: attempt_outcomes
--- Attempts ever made, by outcome.
-SELECT outcome, count(*) AS n FROM attempts GROUP BY outcome;
+-- Attempts ever made, by outcome: the tallies and the changes not folded in yet (deleting attempts leaves them); a running one is a running task's.
+SELECT outcome, sum(n)::bigint AS n
+FROM (
+    SELECT outcome, n FROM attempt_tally
+    UNION ALL
+    SELECT outcome, n FROM attempt_changes
+    UNION ALL
+    SELECT 'running', n FROM kind_tally WHERE state = 'running'
+    UNION ALL
+    SELECT 'running', n FROM tally_changes WHERE state = 'running'
+) AS tally
+GROUP BY outcome;
 
 -- name: prunable_tasks
 -- Tasks in a state that finished before the cutoff, after a (finished_at, id) mark, oldest first, that nothing needs: no task still to finish waits on them, they wait on no task a redrive could bring back, and they are not the newest task (as on SQLite, whose ids count on from the largest kept).

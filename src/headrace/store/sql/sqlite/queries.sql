@@ -238,34 +238,78 @@ LIMIT :limit;
 SELECT * FROM attempts WHERE task_id = :task_id ORDER BY number;
 
 -- name: count_by_state
--- How many tasks are in each state, of the kinds given (a JSON array) or all.
-SELECT state, count(*) AS n FROM tasks
+-- How many tasks are in each state, of the kinds given (a JSON array) or all: their tallies.
+SELECT state, sum(n) AS n FROM kind_tally
 WHERE :kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds))
 GROUP BY state;
 
 -- name: stage_stats
--- Per kind with unfinished tasks (of the kinds given as a JSON array, or all): its tasks per state and when its oldest ready task became ready.
-SELECT kind,
-       count(*) FILTER (WHERE state = 'pending') AS pending,
-       count(*) FILTER (WHERE state = 'ready') AS ready,
-       count(*) FILTER (WHERE state = 'running') AS running,
-       count(*) FILTER (WHERE state = 'waiting') AS waiting,
-       min(coalesce(ready_since, created_at)) FILTER (WHERE state = 'ready') AS oldest_ready
-FROM tasks
-WHERE state IN ('pending', 'ready', 'running', 'waiting')
+-- Per kind with unfinished tasks (of the kinds given as a JSON array, or all): its tasks per state (tallies) and when its oldest ready task became ready (the index).
+SELECT s.kind, s.pending, s.ready, s.running, s.waiting,
+       CASE WHEN s.ready > 0 THEN (
+           SELECT coalesce(t.ready_since, t.created_at) FROM tasks AS t
+           WHERE t.kind = s.kind AND t.state = 'ready'
+           ORDER BY coalesce(t.ready_since, t.created_at)
+           LIMIT 1
+       ) END AS oldest_ready
+FROM (
+    SELECT kind,
+           coalesce(sum(n) FILTER (WHERE state = 'pending'), 0) AS pending,
+           coalesce(sum(n) FILTER (WHERE state = 'ready'), 0) AS ready,
+           coalesce(sum(n) FILTER (WHERE state = 'running'), 0) AS running,
+           coalesce(sum(n) FILTER (WHERE state = 'waiting'), 0) AS waiting
+    FROM kind_tally
+    WHERE state IN ('pending', 'ready', 'running', 'waiting')
+      AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
+    GROUP BY kind
+    HAVING sum(n) > 0
+) AS s
+ORDER BY s.kind;
+
+-- name: ready_counts
+-- Per kind with ready tasks (of the kinds given as a JSON array, or all), how many: their tallies.
+SELECT kind, n FROM kind_tally
+WHERE state = 'ready' AND n > 0
   AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
-GROUP BY kind
 ORDER BY kind;
 
+-- name: oldest_ready
+-- When the oldest ready tasks of a kind became ready, as one JSON array (the index, read from its start).
+SELECT json_group_array(since) AS "since [headrace_json]"
+FROM (
+    SELECT coalesce(ready_since, created_at) AS since FROM tasks
+    WHERE kind = :kind AND state = 'ready'
+    ORDER BY coalesce(ready_since, created_at), id
+    LIMIT :limit
+);
+
+-- name: newest_ready
+-- When the newest ready tasks of a kind became ready, as one JSON array (the index, read from its end).
+SELECT json_group_array(since) AS "since [headrace_json]"
+FROM (
+    SELECT coalesce(ready_since, created_at) AS since FROM tasks
+    WHERE kind = :kind AND state = 'ready'
+    ORDER BY coalesce(ready_since, created_at) DESC, id DESC
+    LIMIT :limit
+);
+
 -- name: group_names
--- Every group that names at least one task, kept or pruned.
-SELECT grp FROM tasks WHERE grp IS NOT NULL
-UNION
-SELECT grp FROM group_rollup;
+-- Every group that names at least one task, kept or pruned: its tallies and the rollup of pruned tasks.
+SELECT grp FROM (
+    SELECT grp, n FROM group_tally
+    UNION ALL
+    SELECT grp, n FROM group_rollup
+)
+GROUP BY grp HAVING sum(n) > 0;
 
 -- name: group_counts
--- How many tasks of a group are in each state.
-SELECT state, count(*) AS n FROM tasks WHERE grp = :grp GROUP BY state;
+-- How many tasks of a group are in each state: its tallies.
+SELECT state, n FROM group_tally WHERE grp = :grp;
+
+-- name: fold_tallies
+-- Drop the tallies that count nothing (a group whose tasks were all deleted); writers take turns, so there are no shards to fold.
+DELETE FROM kind_tally WHERE n = 0;
+DELETE FROM group_tally WHERE n = 0;
 
 -- name: group_ledger
 -- A group's units per kind.
@@ -677,15 +721,6 @@ UPDATE outbox SET delivered_at = :now
 WHERE id IN (SELECT value FROM json_each(:ids)) AND delivered_at IS NULL
 RETURNING id;
 
--- name: ready_since
--- When each ready task (of the kinds given as a JSON array, or all) became ready, oldest first.
-SELECT kind, coalesce(ready_since, created_at) AS since
-FROM tasks
-WHERE state = 'ready'
-  AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
-ORDER BY since, id
-LIMIT :limit;
-
 -- name: wake_remote
 -- Waiting tasks on a remote job whose check is not running, due now (a webhook said how it ended).
 UPDATE tasks SET run_at = :now
@@ -694,8 +729,10 @@ WHERE state = 'waiting' AND remote_id = :remote_id AND run_at > :now
 RETURNING id;
 
 -- name: attempt_outcomes
--- Attempts ever made, by outcome.
-SELECT outcome, count(*) AS n FROM attempts GROUP BY outcome;
+-- Attempts ever made, by outcome: their tallies (deleting attempts leaves them); a running one is a running task's.
+SELECT outcome, n FROM attempt_tally
+UNION ALL
+SELECT 'running', coalesce(sum(n), 0) FROM kind_tally WHERE state = 'running';
 
 -- name: prunable_tasks
 -- Tasks in a state that finished before the cutoff, after a (finished_at, id) mark, oldest first, that nothing needs: no task still to finish waits on them, they wait on no task a redrive could bring back, and they are not the newest task (new ids count on from the largest kept).
