@@ -152,11 +152,22 @@ class Forwarder:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for server in self._servers:
-            self._loop.call_soon_threadsafe(server.close)
+        asyncio.run_coroutine_threadsafe(self._shut(), self._loop).result(timeout=30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._loop.close()
+
+    async def _shut(self) -> None:
+        """Stop listening and end every connection still open, so none outlives the loop."""
+        for server in self._servers:
+            server.close()
+        here = asyncio.current_task()
+        pending = [task for task in asyncio.all_tasks() if task is not here]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for server in self._servers:
+            await server.wait_closed()
 
     async def _serve(self, listen: tuple[str, int], target: tuple[str, int]) -> asyncio.Server:
         async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
