@@ -25,6 +25,6 @@ def make_app() -> hr.App:
 
     @app.task(name="call", gates=[GATE], max_attempts=20)
     async def call(ctx: hr.Context, ref: str) -> None:
-        await client.generate_image(f"frame for {ref}", started=ctx.started)
+        await client.generate_image(f"frame for {ref}", stamps=ctx)
 
     return app

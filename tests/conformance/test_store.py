@@ -1273,3 +1273,22 @@ async def test_attempts_are_counted_by_outcome(store: Store) -> None:
     }
     await store.finish(c, Dead(AttemptError.of(ErrorClass.FATAL, "bad", "no")))
     assert (await store.attempt_counts())[AttemptOutcome.DEAD] == 1
+
+
+async def test_a_fence_refuses_a_lost_lease_and_changes_nothing(
+    store: Store, clock: ManualClock
+) -> None:
+    """A call about to leave is checked (`fence`) and stamped only once it has left: until
+    then its start stays reserved, counting in every window."""
+    await store.submit([task(f"v{i}", gates=("provider:video",)) for i in range(5)])
+    granted = await claim(store, lease_for=5.0)  # two, the cap
+    for lease in granted:
+        await store.fence(lease)  # held: no error, nothing stamped
+    [stats] = [s for s in await store.gate_statistics() if s.name == "provider:video"]
+    assert stats.in_flight == 2
+    clock.advance(4.0)
+    await store.start(granted[0])  # left: counts from 4 s
+    await store.finish(granted[0], Succeeded())
+    clock.advance(1.0)
+    with pytest.raises(LeaseLost):
+        await store.fence(granted[1])  # its lease ran out: the call must not go

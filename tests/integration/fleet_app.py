@@ -30,7 +30,7 @@ def make_app() -> hr.App:
 
     @app.task(name="call", gates=[GATE], max_attempts=50)
     async def call(ctx: hr.Context, ref: str) -> None:
-        await client.generate_image(f"frame for {ref}", started=ctx.started)
+        await client.generate_image(f"frame for {ref}", stamps=ctx)
 
     @app.task(name="local", max_attempts=50)
     async def local(ctx: hr.Context, ref: str) -> None:

@@ -412,25 +412,47 @@ def test_injection_names_are_validated() -> None:
         Quota(0, 1)
 
 
-def test_a_call_is_stamped_as_it_leaves_and_counted_as_it_arrives() -> None:
-    """The adapter awaits `started` once per call, just before the request goes out; the
-    referee records each arrival, accepted or refused."""
-    sim = ProviderSimulator(quotas={**STUDIO_QUOTAS, "image": Quota(1, 5)})
-    stamps: list[float] = []
+class Stamps:
+    """What a call tells its gates, as `Context` does, recorded: each hook takes `delay`
+    seconds (the store's write: the request waits for it)."""
 
-    async def stamp() -> None:
-        stamps.append(asyncio.get_running_loop().time())
-        await asyncio.sleep(0.25)  # the store's write: the request waits for it
+    def __init__(self, delay: float = 0.0, seen: Callable[[], int] = lambda: 0) -> None:
+        self.delay = delay
+        self.seen = seen  # how many calls the vendor has seen, read as each hook runs
+        self.events: list[tuple[str, float, int]] = []
+
+    async def leaving(self) -> None:
+        await self._note("leaving")
+
+    async def started(self) -> None:
+        await self._note("started")
+
+    async def _note(self, what: str) -> None:
+        self.events.append((what, asyncio.get_running_loop().time(), self.seen()))
+        await asyncio.sleep(self.delay)
+
+
+def test_a_call_is_checked_as_it_leaves_stamped_once_it_left_and_counted_as_it_arrives() -> None:
+    """The adapter checks the lease just before the request goes out and stamps the start once
+    it has left (in process: before the vendor reads it); the referee records each arrival,
+    accepted or refused."""
+    sim = ProviderSimulator(quotas={**STUDIO_QUOTAS, "image": Quota(1, 5)})
+    stamps = Stamps(delay=0.25)
 
     async def scenario(sim: ProviderSimulator, client: MiniMaxClient, _: httpx.AsyncClient) -> None:
-        await client.generate_image("first", started=stamp)
+        await client.generate_image("first", stamps=stamps)
         assert isinstance(
-            await outcome(client.generate_image("second", started=stamp)), RateLimited
+            await outcome(client.generate_image("second", stamps=stamps)), RateLimited
         )
 
     play(sim, scenario)
-    assert stamps == [0.0, pytest.approx(0.65)]  # 0.25 s to stamp, 0.4 s of image at 6 s
-    assert sim.arrivals()["image"] == [(0.25, True), (pytest.approx(0.9), False)]
+    assert [(what, at) for what, at, _ in stamps.events] == [
+        ("leaving", 0.0),
+        ("started", 0.25),
+        ("leaving", pytest.approx(0.9)),  # 0.5 s of hooks, 0.4 s of image at 6 s
+        ("started", pytest.approx(1.15)),
+    ]
+    assert sim.arrivals()["image"] == [(0.5, True), (pytest.approx(1.4), False)]
 
 
 def test_call_durations_can_be_drawn_from_a_range() -> None:
@@ -473,17 +495,15 @@ def test_serve_answers_stats_on_loopback() -> None:
             SimServer(ProviderSimulator()) as scoped,
             httpx.AsyncClient(base_url=scoped.url, timeout=5) as real,
         ):
-            stamped: list[int] = []
-
-            async def stamp() -> None:
-                stamped.append(len(scoped.sim.arrivals()["speech"]))
-
+            stamps = Stamps(seen=lambda: len(scoped.sim.arrivals()["speech"]))
             speech = await MiniMaxClient(real, KEY).synthesize_speech(
-                "over a socket", started=stamp
+                "over a socket", stamps=stamps
             )
             assert isinstance(speech, Speech)
             arrivals = (await real.get("/sim/arrivals")).json()
-        assert stamped == [0]  # stamped over the open connection, before the arrival
+        # Checked over the open connection before the arrival; stamped once the body was out.
+        (leaving, _, seen), (started, _, _) = stamps.events
+        assert (leaving, seen, started) == ("leaving", 0, "started")
         assert scoped.sim.stats()["speech"].accepted == 1
         assert [accepted for _, accepted in arrivals["speech"]] == [True]
 

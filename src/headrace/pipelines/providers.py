@@ -5,10 +5,14 @@ Every call either returns a small value or raises a `TaskFailure` the runtime kn
 moderation, client errors: never retried) or `Transient` (5xx, unknown codes, timeouts, transport
 errors, malformed answers). Failure messages say which call failed and never carry the api key.
 
-A vendor counts a request when it arrives. Each call that a gate's rate counts takes `started`,
-an async callable awaited just before the request's headers are written, once its connection is
-open (httpx's `trace` extension): a handler passes `ctx.started`, and the gate counts the call
-from that moment, not from the grant of its ticket nor from a slow connection set-up.
+A vendor counts a request when it arrives. Each call that a gate's rate counts takes `stamps`,
+the handler's context (`stamps=ctx`): just before the request's headers are written, once its
+connection is open (httpx's `trace` extension), `stamps.leaving()` checks the lease (a worker
+that lost it does not send the call); once the request has left, `stamps.started()` stamps its
+start. Until then the start stays reserved, counting in every window, so the gate counts the
+call no later than the vendor does, however long this process took to send it on a loaded
+machine, and not from the grant of its ticket nor from a slow connection set-up. A stamp the
+store cannot take leaves the start reserved until the attempt's outcome stamps it.
 
 The same code talks to the real API (`httpx.AsyncClient(base_url="https://api.minimax.io")`) or
 to the provider simulator, in process via `in_process(sim)` or over a socket.
@@ -16,15 +20,16 @@ to the provider simulator, in process via `in_process(sim)` or over a socket.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import httpx
 
 from headrace.pipelines.providersim import ProviderSimulator, create_app
 from headrace.policy.clock import Clock, WallClock
-from headrace.policy.errors import RateLimited, TaskFailure, Transient
+from headrace.policy.errors import RateLimited, StoreError, TaskFailure, Transient
 from headrace.policy.redact import redact
 from headrace.policy.vendor import http_failure, minimax_failure
 
@@ -33,17 +38,30 @@ SIM_BASE_URL = "http://provider-sim.local"
 
 _PENDING = frozenset({"Preparing", "Queueing", "Processing"})
 
-Started = Callable[[], Awaitable[object]]
 Trace = Callable[[str, dict[str, Any]], Awaitable[None]]
 SENDING = ".send_request_headers.started"  # httpcore's trace event: the request leaves now
+LEFT = ".send_request_body.complete"  # and has left
 
 
-def stamping(started: Started) -> Trace:
-    """An httpx `trace` extension that awaits `started` as the request's headers go out."""
+class Stamps(Protocol):
+    """What a call tells its gates (a handler's `Context` is one)."""
+
+    def leaving(self) -> Awaitable[object]: ...
+
+    def started(self) -> Awaitable[object]: ...
+
+
+def stamping(stamps: Stamps) -> Trace:
+    """An httpx `trace` extension: `leaving()` as the request's headers go out (LeaseLost stops
+    the call), `started()` once its body is out (best effort: the call has left whatever the
+    store says, and an unstamped start counts from the outcome)."""
 
     async def trace(event: str, info: dict[str, Any]) -> None:
         if event.endswith(SENDING):
-            await started()
+            await stamps.leaving()
+        elif event.endswith(LEFT):
+            with contextlib.suppress(StoreError):
+                await stamps.started()
 
     return trace
 
@@ -154,18 +172,18 @@ class MiniMaxClient:
     def __repr__(self) -> str:
         return f"MiniMaxClient(base_url={str(self._http.base_url)!r})"
 
-    async def generate_image(self, prompt: str, *, started: Started | None = None) -> Image:
+    async def generate_image(self, prompt: str, *, stamps: Stamps | None = None) -> Image:
         """One image for `prompt`."""
         op = "image generation"
         body = {"model": self._models.image, "prompt": prompt, "n": 1, "response_format": "url"}
-        payload = await self._call(op, "POST", "/v1/image_generation", body=body, started=started)
+        payload = await self._call(op, "POST", "/v1/image_generation", body=body, stamps=stamps)
         urls = _dig(op, payload, "data.image_urls")
         if not isinstance(urls, list) or not urls or not all(isinstance(u, str) for u in urls):
             raise _malformed(op, "data.image_urls is not a list of URLs")
         image_id = payload.get("id")
         return Image(id=str(image_id) if image_id is not None else "", urls=tuple(urls))
 
-    async def synthesize_speech(self, text: str, *, started: Started | None = None) -> Speech:
+    async def synthesize_speech(self, text: str, *, stamps: Stamps | None = None) -> Speech:
         """Speech for `text` in the configured voice, as mp3 bytes."""
         op = "speech synthesis"
         body = {
@@ -175,7 +193,7 @@ class MiniMaxClient:
             "voice_setting": {"voice_id": self._models.voice, "speed": 1, "vol": 1, "pitch": 0},
             "audio_setting": {"format": "mp3", "sample_rate": 32000},
         }
-        payload = await self._call(op, "POST", "/v1/t2a_v2", body=body, started=started)
+        payload = await self._call(op, "POST", "/v1/t2a_v2", body=body, stamps=stamps)
         try:
             audio = bytes.fromhex(_text(op, payload, "data.audio"))
         except ValueError as exc:
@@ -192,7 +210,7 @@ class MiniMaxClient:
         prompt: str,
         first_frame: str | None = None,
         *,
-        started: Started | None = None,
+        stamps: Stamps | None = None,
         idempotency_key: str | None = None,
     ) -> str:
         """Submit a video job (optionally from a first frame image URL); returns its task id.
@@ -204,7 +222,7 @@ class MiniMaxClient:
             body["first_frame_image"] = first_frame
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         payload = await self._call(
-            op, "POST", "/v1/video_generation", body=body, started=started, headers=headers
+            op, "POST", "/v1/video_generation", body=body, stamps=stamps, headers=headers
         )
         return _text(op, payload, "task_id")
 
@@ -230,10 +248,10 @@ class MiniMaxClient:
         *,
         body: Mapping[str, object] | None = None,
         params: Mapping[str, str] | None = None,
-        started: Started | None = None,
+        stamps: Stamps | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> Mapping[str, object]:
-        extensions = {} if started is None else {"trace": stamping(started)}
+        extensions = {} if stamps is None else {"trace": stamping(stamps)}
         try:
             response = await self._http.request(
                 method,
@@ -275,12 +293,13 @@ class MiniMaxClient:
 
 class _TracedASGITransport(httpx.ASGITransport):
     """An ASGI transport that, like a network one, calls the `trace` extension as the request
-    goes out."""
+    goes out and once it has left (in process, it has arrived as it left)."""
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         trace = request.extensions.get("trace")
         if trace is not None:
             await trace("asgi" + SENDING, {"request": request})
+            await trace("asgi" + LEFT, {"request": request})
         return await super().handle_async_request(request)
 
 

@@ -129,16 +129,16 @@ class _Stages:
         return Result(cost=float(self.config.shots))
 
     async def image(self, ctx: Context, ref: str) -> Result:
-        await self.client.generate_image(prompt_for(ref), started=ctx.started)
+        await self.client.generate_image(prompt_for(ref), stamps=ctx)
         return Result(cost=1.0)
 
     async def speech(self, ctx: Context, ref: str) -> Result:
-        speech = await self.client.synthesize_speech(line_for(ref), started=ctx.started)
+        speech = await self.client.synthesize_speech(line_for(ref), stamps=ctx)
         return Result(cost=float(speech.characters))
 
     async def video(self, ctx: Context, ref: str) -> RemoteWait | Result:
         job = await self.client.submit_video(
-            prompt_for(ref), started=ctx.started, idempotency_key=ctx.idempotency_key
+            prompt_for(ref), stamps=ctx, idempotency_key=ctx.idempotency_key
         )
         if not self.config.hold_video_slot:
             return ctx.await_remote(

@@ -48,12 +48,19 @@ class Context:
         seed = f"{task.id}|{task.created_at!r}|{task.kind}|{task.ref}".encode()
         return f"hr-{hashlib.sha256(seed).hexdigest()[:24]}-{task.remote_jobs}"
 
+    async def leaving(self) -> None:
+        """Say the call is about to leave, before it does: raises LeaseLost when another worker
+        owns the task now (then do not make the call). Its start stays reserved, counting in
+        every window, until `started` stamps it once the call has left: however long this
+        process takes to send it (a loaded machine), the gate counts it no later than the
+        vendor does. A provider adapter calls both for you when given `stamps=ctx`."""
+        await self.app.store.fence(self.lease)
+
     async def started(self, *gates: str) -> None:
-        """Say the call is about to leave: stamp the start this attempt reserved on its rated
-        gates (those named, or every one not stamped yet), so the gates count it from now
-        rather than from the attempt's end. Call it right before the request; a provider
-        adapter does it for you when given `ctx.started`. Raises LeaseLost when another worker
-        owns the task now: then do not make the call."""
+        """Stamp the start this attempt reserved on its rated gates (those named, or every one
+        not stamped yet), so the gates count it from now rather than from the attempt's end.
+        Call it once the request has left (after `leaving`), or right before it goes; it
+        raises LeaseLost when another worker owns the task now."""
         await self.app.store.start(self.lease, gates or None)
 
     def spawn(

@@ -109,6 +109,12 @@ class Store(Protocol):
         longer held (the caller must then not make the call)."""
         ...
 
+    async def fence(self, lease: Lease) -> None:
+        """Raise LeaseLost if the lease is no longer held; change nothing. What a call checks
+        just before it leaves when it is stamped (`start`) only once it has left: until then
+        its start stays reserved, counting in every window of its gates."""
+        ...
+
     async def finish(self, lease: Lease, outcome: Outcome) -> None:
         """Record an attempt's outcome; raise LeaseLost if the lease is no longer held."""
         ...

@@ -550,6 +550,11 @@ class MemoryStore(MemoryPruning):
             raise LeaseLost(lease.task_id)
         self._stamp_starts(task.id, now, gates)
 
+    async def fence(self, lease: Lease) -> None:
+        task = self._tasks.get(lease.task_id)
+        if task is None or not self._holds(task, lease, self.clock.now()):
+            raise LeaseLost(lease.task_id)
+
     async def finish(self, lease: Lease, outcome: Outcome) -> None:
         now = self.clock.now()
         task = self._tasks.get(lease.task_id)

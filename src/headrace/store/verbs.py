@@ -93,6 +93,9 @@ class TransactionVerbs:
         chosen = None if gates is None else frozenset(gates)
         await self._write(lambda tx: tx.start(lease, chosen), clock_first=False)
 
+    async def fence(self: Transacts, lease: Lease) -> None:
+        await self._read(lambda tx: tx.fence(lease))
+
     async def finish(self: Transacts, lease: Lease, outcome: Outcome) -> None:
         await self._write(lambda tx: tx.finish(lease, outcome), clock_first=False)
 

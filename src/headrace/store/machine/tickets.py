@@ -70,6 +70,13 @@ class Tickets(Steps):
             raise LeaseLost(lease.task_id)
         await self.stamp_starts(task.id, gates)
 
+    async def fence(self, lease: Lease) -> None:
+        """Raise LeaseLost unless `lease` still holds its task (a call about to leave)."""
+        found = await self.row("task_by_id", id=lease.task_id)
+        await self.read_clock()
+        if found is None or not holds(task_of(found), lease.token, self.now):
+            raise LeaseLost(lease.task_id)
+
     async def stamp_starts(self, task_id: int, gates: Collection[str] | None = None) -> None:
         """Stamp a held task's reserved starts now; its tickets stay held."""
         held = await self.ticket_counts(task_id)
