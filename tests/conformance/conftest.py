@@ -25,6 +25,7 @@ from headrace.sim.loop import VirtualTimeLoop
 from headrace.store.base import Store
 from headrace.store.memory import MemoryStore
 from headrace.store.types import Settings
+from tests.services import unavailable
 
 BACKENDS = ["memory", "sqlite", "postgres"]
 
@@ -71,11 +72,7 @@ def postgres_reachable(dsn: str = POSTGRES_DSN) -> str:
         psycopg.connect(dsn, connect_timeout=3).close()
     except psycopg.Error as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        reason = f"PostgreSQL not reachable at {dsn}: {first}"
-        if os.environ.get("CI"):
-            pytest.fail(f"{reason} (CI is set: PostgreSQL tests must run)", pytrace=False)
-        print(reason)
-        pytest.skip(reason)
+        unavailable(f"PostgreSQL not reachable at {dsn}: {first}", "PostgreSQL tests")
     return dsn
 
 

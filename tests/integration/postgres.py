@@ -10,12 +10,12 @@ from contextlib import contextmanager
 from typing import TypeVar
 
 import psycopg
-import pytest
 from psycopg import sql
 
 from headrace.store.base import Store
 from headrace.store.postgres import PostgresStore
 from headrace.store.types import ACTIVE, Settings
+from tests.services import unavailable
 
 T = TypeVar("T")
 
@@ -28,10 +28,7 @@ def reachable() -> str:
         with psycopg.connect(DSN, connect_timeout=3) as conn:
             conn.execute("SELECT 1")
     except psycopg.OperationalError as error:
-        reason = f"PostgreSQL not reachable at {DSN}: {error}".strip()
-        if os.environ.get("CI"):
-            pytest.fail(f"{reason} (CI is set: PostgreSQL tests must run)", pytrace=False)
-        pytest.skip(reason)
+        unavailable(f"PostgreSQL not reachable at {DSN}: {error}".strip(), "PostgreSQL tests")
     return DSN
 
 

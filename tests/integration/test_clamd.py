@@ -4,7 +4,6 @@ installed, and fails instead when CI is set (.ci/run installs clamav-daemon)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import time
@@ -15,6 +14,7 @@ import pytest
 
 from headrace.pipelines.moderation import samples
 from headrace.pipelines.moderation.scan import ClamdScanner, ScanUnavailable
+from tests.services import unavailable
 
 pytestmark = pytest.mark.realtime
 
@@ -34,9 +34,7 @@ def clamd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClamdScanner]:
         "/usr/sbin/clamd" if Path("/usr/sbin/clamd").exists() else None
     )
     if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("clamd is not installed (apt-get install clamav-daemon)")
-        pytest.skip("clamd is not installed: apt-get install clamav-daemon to run these")
+        unavailable("clamd is not installed (apt-get install clamav-daemon)", "the clamd tests")
     home = tmp_path_factory.mktemp("clamd")
     eicar_signatures(home / "db")
     socket_path = home / "clamd.sock"
