@@ -130,19 +130,26 @@ def _baseline(figures: PeerFigures) -> str | None:
 def peer_tables(figures: PeerFigures) -> list[Table]:
     base = _baseline(figures)
     against = f"; vs: against {base} in this run" if base else ""
-    return [peer_rates_table(figures, base, against), peer_latency_table(figures, base, against)]
+    return [
+        peer_rates_table(figures, base, against),
+        peer_cpu_table(figures),
+        peer_latency_table(figures, base, against),
+    ]
 
 
 def peer_rates_table(figures: PeerFigures, base: str | None, against: str) -> Table:
+    runs = f", medians of {figures.runs} interleaved runs" if figures.runs > 1 else ""
     rates = Table(
         title=f"No-op tasks per second: {figures.tasks:,} queued, then drained by 1 and by 4 "
-        f"worker processes{against}"
+        f"worker processes{runs}{against}"
     )
     columns = ["system", "store", "1 process", "4 processes", "4 / 1", "spread, 4"]
     columns += ["vs, 1", "vs, 4"] if base else []
     for column in columns:
         rates.add_column(column, justify="left" if column in ("system", "store") else "right")
-    drains = {(d.system, d.processes): d for d in figures.drains}
+    from bench.peers.harness import medians
+
+    drains = medians(figures)
     for system in figures.systems:
         one, four = drains[system.name, 1], drains[system.name, 4]
         spread = "" if four.error else f"{four.start_spread_s:.2f}s"
@@ -151,6 +158,61 @@ def peer_rates_table(figures: PeerFigures, base: str | None, against: str) -> Ta
             row += [_ratio(one, drains[base, 1]), _ratio(four, drains[base, 4])]
         rates.add_row(*row)
     return rates
+
+
+def peer_cpu_table(figures: PeerFigures) -> Table:
+    """CPU per task while the queue drained: what the rates cost, less moved by the noise."""
+    runs = f", medians of {figures.runs} runs" if figures.runs > 1 else ""
+    table = Table(
+        title=f"CPU per task while draining, microseconds: the worker processes' and the store "
+        f"server's (none for SQLite){runs}"
+    )
+    columns = ["system", "worker, 1", "server, 1", "total, 1", "worker, 4", "server, 4"]
+    columns += ["total, 4"]
+    for column in columns:
+        table.add_column(column, justify="left" if column == "system" else "right")
+    from bench.peers.harness import PROCESSES, medians
+
+    drains = medians(figures)
+    for system in figures.systems:
+        row = [system.name]
+        for processes in PROCESSES:
+            found = drains[system.name, processes]
+            parts = [found.worker_cpu_us, found.server_cpu_us]
+            total = sum(part for part in parts if part is not None)
+            known = found.error is None and found.worker_cpu_us is not None
+            row += [_us(part) for part in parts] + [f"{total:,.0f}" if known else ""]
+        table.add_row(*row)
+    return table
+
+
+def peer_goal(figures: PeerFigures) -> list[str]:
+    """Each headrace store's rate over the faster of PgQueuer and Dramatiq, at 1 and 4
+    processes (the medians), where those ran."""
+    from bench.peers.harness import PROCESSES, medians
+
+    drains = medians(figures)
+    lines = []
+    for name in ("headrace-postgres", "headrace-sqlite"):
+        for processes in PROCESSES:
+            ours = drains.get((name, processes))
+            peers = [
+                drains[peer, processes]
+                for peer in ("pgqueuer", "dramatiq")
+                if (peer, processes) in drains and drains[peer, processes].error is None
+            ]
+            if ours is None or ours.error is not None or not peers:
+                continue
+            fastest = max(peers, key=lambda d: d.tasks_per_s)
+            lines.append(
+                f"{name}, {processes} process(es): {ours.tasks_per_s / fastest.tasks_per_s:.2f}"
+                f" times {fastest.system}, the faster of its peers there"
+            )
+    return lines
+
+
+def _us(value: float | None) -> str:
+    return "" if value is None else f"{value:,.0f}"
 
 
 def peer_latency_table(figures: PeerFigures, base: str | None, against: str) -> Table:
@@ -253,9 +315,11 @@ def run_peers(args: argparse.Namespace, console: Console) -> dict[str, object]:
     chosen = args.system or SYSTEMS
     names = [name for name in SYSTEMS if name in chosen and name not in skipped]
     tasks, samples = (1000, 50) if args.quick else (10_000, 200)
-    figures = peer_figures(names, tasks, samples, console.log)
+    figures = peer_figures(names, tasks, samples, console.log, runs=args.runs)
     for table in peer_tables(figures):
         console.print(table)
+    for line in peer_goal(figures):
+        console.print(line)
     for failure in peer_failures(figures):
         console.print(f"failed: {failure}")
     caption = (
@@ -308,6 +372,12 @@ def arguments() -> argparse.Namespace:
     )
     parser.add_argument(
         "--chart", type=Path, default=DEFAULT_CHART, help="where to draw the peer section's PNG"
+    )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="peer section: drain every system this many times, interleaved; tables show medians",
     )
     return parser.parse_args()
 

@@ -11,7 +11,7 @@ matplotlib.use("Agg")  # files only, no display
 
 import matplotlib.pyplot as plt
 
-from bench.peers.harness import PeerFigures
+from bench.peers.harness import PeerFigures, medians
 
 HEADRACE = "#c2410c"
 PEER = "#64748b"
@@ -21,8 +21,9 @@ def draw(figures: PeerFigures, path: Path, caption: str) -> None:
     names = [system.name for system in figures.systems]
     rows = range(len(names))
     fig, (rates, waits) = plt.subplots(1, 2, figsize=(11, 0.45 * len(names) + 2.2), sharey=True)
+    drains = medians(figures)
     for offset, processes, alpha in ((-0.2, 1, 0.5), (0.2, 4, 1.0)):
-        found = {d.system: d.tasks_per_s for d in figures.drains if d.processes == processes}
+        found = {d.system: d.tasks_per_s for d in drains.values() if d.processes == processes}
         rates.barh(
             [row + offset for row in rows],
             [found.get(name, 0.0) for name in names],
@@ -30,7 +31,8 @@ def draw(figures: PeerFigures, path: Path, caption: str) -> None:
             color=[_colour(name) for name in names],
             alpha=alpha,
         )
-    rates.set_title(f"No-op tasks per second ({figures.tasks:,} queued, then drained)")
+    runs = f", median of {figures.runs} runs" if figures.runs > 1 else ""
+    rates.set_title(f"No-op tasks per second ({figures.tasks:,} queued, then drained{runs})")
     rates.set_xlabel("tasks / s (lighter: 1 process, darker: 4)")
     latency = {lat.system: lat for lat in figures.latency if lat.error is None}
     p50 = [latency[name].p50_ms if name in latency else 0.0 for name in names]

@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,7 +33,7 @@ import redis
 from psycopg import sql
 
 from bench.claims import percentile
-from bench.peers import probe
+from bench.peers import cpu, probe
 from bench.peers.base import POSTGRES, REDIS, Peer, Site
 from bench.peers.produce import REPORTS_FD
 from bench.peers.systems import load
@@ -57,11 +58,16 @@ class Drain:
     system: str
     processes: int
     tasks: int
+    run: int = 1  # which of the interleaved runs
     ran: int = 0  # tasks stamped: more than `tasks` if a system ran one twice
     busy_processes: int = 0  # processes that ran at least one task
     seconds: float = 0.0
     tasks_per_s: float = 0.0
     start_spread_s: float = 0.0  # between the first and the last process's first task
+    # CPU per task while the queue drained (bench/peers/cpu.py): the worker processes', and
+    # the store server's (None: SQLite has none)
+    worker_cpu_us: float | None = None
+    server_cpu_us: float | None = None
     error: str | None = None
 
 
@@ -83,6 +89,7 @@ class Latency:
 class PeerFigures:
     tasks: int
     samples: int
+    runs: int  # interleaved drains of every system; the tables show their medians
     systems: list[System]
     drains: list[Drain]
     latency: list[Latency]
@@ -202,12 +209,21 @@ def running(peer: Peer, site: Site, processes: int) -> Iterator[list[subprocess.
         _stop(started)
 
 
-def _watch(site: Site, workers: list[subprocess.Popen[bytes]], tasks: int) -> None:
-    """Until every task has run; a worker that exits ends the case."""
+def _watch(
+    peer: Peer, site: Site, workers: list[subprocess.Popen[bytes]], tasks: int
+) -> tuple[float | None, float | None]:
+    """Until every task has run; a worker that exits ends the case. Returns the worker's and
+    the server's CPU per task from the first look that saw a task run to the last."""
     deadline = time.monotonic() + DRAIN_DEADLINE
+    sessions = {worker.pid for worker in workers}  # each started a session of its own
+    first: tuple[int, cpu.Sample] | None = None
     while time.monotonic() < deadline:
-        if probe.tally(site.marks).ran >= tasks:
-            return
+        ran = probe.tally(site.marks).ran
+        if first is None and ran > 0:
+            first = (ran, cpu.sample(peer.store, sessions))
+        if ran >= tasks:
+            assert first is not None
+            return cpu.per_task_us(first[1], cpu.sample(peer.store, sessions), ran - first[0])
         for n, worker in enumerate(workers):
             if worker.poll() is not None:
                 log = Path(site.scratch) / f"worker-{n}.log"
@@ -220,22 +236,25 @@ def _watch(site: Site, workers: list[subprocess.Popen[bytes]], tasks: int) -> No
 # -- the cases
 
 
-def drain(peer: Peer, processes: int, tasks: int) -> Drain:
+def drain(peer: Peer, processes: int, tasks: int, run: int = 1) -> Drain:
     with case_site(peer) as site:
         produce(peer, site, "noops", str(tasks))
         with running(peer, site, processes) as workers:
-            _watch(site, workers, tasks)
+            worker_cpu, server_cpu = _watch(peer, site, workers, tasks)
         marks = probe.tally(site.marks)
     seconds = marks.last - marks.first
     return Drain(
         peer.name,
         processes,
         tasks,
+        run,
         ran=marks.ran,
         busy_processes=marks.processes,
         seconds=round(seconds, 3),
         tasks_per_s=round(tasks / seconds, 1),
         start_spread_s=round(marks.start_spread, 3),
+        worker_cpu_us=worker_cpu,
+        server_cpu_us=server_cpu,
     )
 
 
@@ -269,22 +288,24 @@ def _failure(error: Exception) -> str:
 
 
 def peer_figures(
-    names: list[str], tasks: int, samples: int, say: Callable[[str], None]
+    names: list[str], tasks: int, samples: int, say: Callable[[str], None], runs: int = 1
 ) -> PeerFigures:
-    """Every drain at one process, then every drain at four, then every latency case: the
-    cases a table sets side by side run within minutes of each other."""
+    """`runs` times: every drain at one process, then every drain at four; then every latency
+    case. The cases a table sets side by side run within minutes of each other, and each
+    system's runs are interleaved with the others'."""
     peers = [load(name) for name in names]
     load_before = round(os.getloadavg()[0], 2)
     drains: list[Drain] = []
-    for processes in PROCESSES:
-        for peer in peers:
-            try:
-                done = drain(peer, processes, tasks)
-            except Exception as error:  # one system's failure must not cost the others'
-                done = Drain(peer.name, processes, tasks, error=_failure(error))
-            drains.append(done)
-            rate = f"{done.tasks_per_s:,.0f} tasks/s"
-            say(f"{peer.name}, {processes} process(es): {done.error or rate}")
+    for run in range(1, runs + 1):
+        for processes in PROCESSES:
+            for peer in peers:
+                try:
+                    done = drain(peer, processes, tasks, run)
+                except Exception as error:  # one system's failure must not cost the others'
+                    done = Drain(peer.name, processes, tasks, run, error=_failure(error))
+                drains.append(done)
+                rate = f"{done.tasks_per_s:,.0f} tasks/s"
+                say(f"run {run}, {peer.name}, {processes} process(es): {done.error or rate}")
     latency: list[Latency] = []
     for peer in peers:
         try:
@@ -295,4 +316,39 @@ def peer_figures(
         say(f"{peer.name}, enqueue -> start: {found.error or f'p50 {found.p50_ms} ms'}")
     systems = [System(peer.name, peer.store, peer.settings) for peer in peers]
     load_after = round(os.getloadavg()[0], 2)
-    return PeerFigures(tasks, samples, systems, drains, latency, load_before, load_after)
+    return PeerFigures(tasks, samples, runs, systems, drains, latency, load_before, load_after)
+
+
+def medians(figures: PeerFigures) -> dict[tuple[str, int], Drain]:
+    """Each (system, processes)'s drains as one (`median_drain`)."""
+    grouped: dict[tuple[str, int], list[Drain]] = {}
+    for found in figures.drains:
+        grouped.setdefault((found.system, found.processes), []).append(found)
+    return {key: median_drain(found) for key, found in grouped.items()}
+
+
+def median_drain(drains: list[Drain]) -> Drain:
+    """One system's drains at one process count, as one: the medians of those that finished
+    (each figure's own median), failed if none did."""
+    done = [d for d in drains if d.error is None]
+    first = drains[0]
+    if not done:
+        return first
+    return Drain(
+        first.system,
+        first.processes,
+        first.tasks,
+        0,
+        ran=int(statistics.median(d.ran for d in done)),
+        busy_processes=int(statistics.median(d.busy_processes for d in done)),
+        seconds=round(statistics.median(d.seconds for d in done), 3),
+        tasks_per_s=round(statistics.median(d.tasks_per_s for d in done), 1),
+        start_spread_s=round(statistics.median(d.start_spread_s for d in done), 3),
+        worker_cpu_us=_median([d.worker_cpu_us for d in done]),
+        server_cpu_us=_median([d.server_cpu_us for d in done]),
+    )
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [value for value in values if value is not None]
+    return round(statistics.median(known), 1) if known else None

@@ -513,6 +513,7 @@ class CountedClaims(MemoryStore):
         finished: Sequence[tuple[Lease, Outcome]] = (),
         within: Sequence[KindLimit] = (),
         memory: MemoryRoom | None = None,
+        ahead: int = 0,
     ) -> ClaimResult:
         self.with_claims += len(finished)
         return await super().claim(
@@ -524,6 +525,7 @@ class CountedClaims(MemoryStore):
             finished=finished,
             within=within,
             memory=memory,
+            ahead=ahead,
         )
 
     async def finish_many(self, outcomes: Sequence[tuple[Lease, Outcome]]) -> Any:

@@ -44,6 +44,7 @@ from headrace.runtime.classes import ClassBudget
 from headrace.runtime.completions import Completions
 from headrace.runtime.context import Context
 from headrace.runtime.memory import DEFAULT_MEMORY, WorkerMemory
+from headrace.runtime.prefetch import Prefetch
 from headrace.runtime.pruner import Pruner
 from headrace.runtime.results import RemoteWait, Result
 from headrace.store.dispatch import earliest
@@ -71,6 +72,7 @@ OUTAGE_PAUSE = 0.25
 OUTAGE_PAUSE_MAX = 5.0
 BACKOFFS_KEPT = 64  # never spin when the store's next event is "now"
 DEFAULT_SLOTS = 4
+PREFETCH_PER_SLOT = 4  # the default most tasks claimed ahead, per slot
 PRUNE_CHECKS = 4  # looks per `retention.every` for a due run
 PRUNE_CHECK_MIN = 1.0  # seconds
 
@@ -87,6 +89,7 @@ class WorkerStats:
     polls: int = 0
     leases_lost: int = 0
     peak_busy: int = 0
+    claimed_ahead: int = 0  # tasks claimed past the free slots, to wait in the worker for one
     borrowed: int = 0  # tasks claimed into slots another cost class left idle
     memory_budget: int | None = None  # bytes its running tasks may be charged (None: no budget)
     memory_charged: int = 0  # bytes its running tasks are charged now
@@ -99,7 +102,16 @@ class Worker:
     are renewed every `renew` (default: a third of the lease), which must be shorter. `memory`:
     the bytes the running tasks may be charged at once (`NewTask.memory`; runtime/memory.py),
     an int or a size such as "768MiB"; None: no budget. `prune`: while it runs (not in a
-    drain), prune the store when a run is due by the app's retention (runtime/pruner.py)."""
+    drain), prune the store when a run is due by the app's retention (runtime/pruner.py).
+
+    `prefetch`: the most tasks the worker claims ahead of its slots, to start the moment a
+    slot frees, without a round trip to the store (default: 4 per slot; 0: none). Only tasks
+    that pass no gate, charge no memory and need not run alone are claimed ahead
+    (`dispatch.may_wait`), only while there is a backlog, and only as many as the slots
+    finish while a claim is on its way (runtime/prefetch.py): short tasks are claimed ahead,
+    long ones are not. A worker with cost classes claims no more than its classes' free
+    slots. Tasks still waiting at shutdown are handed back at once, their attempt not
+    counted."""
 
     def __init__(
         self,
@@ -118,9 +130,12 @@ class Worker:
         borrow: bool = True,
         memory: int | str | None = DEFAULT_MEMORY,
         prune: bool = True,
+        prefetch: int | None = None,
     ) -> None:
         if slots is not None and (isinstance(slots, bool) or slots < 1):
             raise ConfigError(f"worker.slots: expected a positive integer, got {slots!r}")
+        if prefetch is not None and (isinstance(prefetch, bool) or prefetch < 0):
+            raise ConfigError(f"worker.prefetch: expected 0 or more, got {prefetch!r}")
         self.app = app
         # Slots per cost class, for the app's classed stages (as declared by now).
         self.classes = ClassBudget.for_stages(app.cost_classes(), classes)
@@ -131,6 +146,10 @@ class Worker:
         self.prune = prune and app.retention.every is not None
         self.slots = slots or self._default_slots()
         self.poll_slots = poll_slots or self.slots
+        # Cost classes count slots by the kinds running in them: nothing waits outside them.
+        default_prefetch = 0 if self.classes else PREFETCH_PER_SLOT * self.slots
+        self.prefetch = Prefetch(default_prefetch if prefetch is None else prefetch, self.slots)
+        self._queued: deque[Lease] = deque()  # claimed ahead, in claim order, not started
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.lease_for, self.renew_every = lease_timing(lease, renew)
         self.idle = positive_seconds(idle, field="worker.idle")
@@ -196,6 +215,7 @@ class Worker:
         finally:
             self.app.unlisten(self._wake)
             self._completions().kick()  # no claim comes now: waiting outcomes are written
+            await self._hand_back_queued()
             await self._shutdown()
             for helper in helpers:
                 helper.cancel()
@@ -261,10 +281,17 @@ class Worker:
             kinds = self.classes.open_kinds(kinds, room)
         if kinds and self._may_claim():
             free = self.slots - len(self._running)
+            ahead = self._ahead_room()
             within = self.classes.limits(room) if self.classes else ()
             memory = self.memory.room(self._charges())
             claimed = await self._claim(
-                completions, free, kinds, within, alone=not self._running, memory=memory
+                completions,
+                free,
+                kinds,
+                within,
+                alone=not (self._running or self._queued),
+                memory=memory,
+                ahead=ahead,
             )
             # Every free slot filled (or every free one of a class): more may be ready, to
             # claim as soon as a slot frees.
@@ -274,11 +301,15 @@ class Worker:
             if self.classes and self.borrow and len(claimed.leases) < free:
                 claimed = await self._borrow(completions, free, claimed, room, memory)
                 self._more = self._more or len(claimed.leases) >= free
+            self.prefetch.pace(len(claimed.leases), free, ahead)
             for lease in claimed.leases:
                 if lease.task.solo:  # it lost a lease beside others: it runs alone here
                     self._solo = lease.task_id
-                self._start(lease, self._running, self._execute)
+                self._leases[lease.task_id] = lease
+                self._queued.append(lease)
             self.stats.claimed += len(claimed.leases)
+            self.stats.claimed_ahead += max(0, len(claimed.leases) - free)
+            self._start_queued()
             self._charge()
             self.stats.peak_busy = max(self.stats.peak_busy, len(self._running))
         else:
@@ -299,9 +330,11 @@ class Worker:
         *,
         alone: bool,
         memory: MemoryRoom | None,
+        ahead: int = 0,
     ) -> ClaimResult:
         taken = completions.take()
         self._claiming = True
+        began = asyncio.get_running_loop().time()
         try:
             claimed = await self.app.store.claim(
                 self.name,
@@ -312,6 +345,7 @@ class Worker:
                 finished=taken.outcomes,
                 within=within,
                 memory=memory,
+                ahead=ahead,
             )
         except Exception as error:  # none of the outcomes was recorded: their writers retry
             taken.fail(error)
@@ -321,6 +355,7 @@ class Worker:
             raise
         finally:
             self._claiming = False
+        self.prefetch.claimed(asyncio.get_running_loop().time() - began)
         taken.settle(claimed.finished)
         return claimed
 
@@ -350,6 +385,16 @@ class Worker:
             wake_at=earliest(claimed.wake_at, more.wake_at),
         )
 
+    def _ahead_room(self) -> int:
+        """How many tasks the next claim may take past the free slots."""
+        return self.prefetch.room(len(self._queued))
+
+    def _start_queued(self) -> None:
+        """Start tasks claimed ahead in the slots that are free, in claim order."""
+        while self._queued and len(self._running) < self.slots and not self._stopping:
+            lease = self._queued.popleft()
+            self._start(self._leases.get(lease.task_id, lease), self._running, self._execute)
+
     def _default_slots(self) -> int:
         """Without `slots`: 4, or with cost classes their slots, and 4 more for the app's
         unclassed stages if it has any."""
@@ -378,11 +423,16 @@ class Worker:
         return self._room()
 
     def _room(self) -> bool:
-        """A free slot, and no more than `slots` outcomes waiting to be recorded."""
-        if len(self._running) >= self.slots:
+        """A free slot (or, with tasks claimed ahead, fewer than half of them still waiting),
+        and no more outcomes waiting to be recorded than the worker may hold."""
+        if len(self._running) >= self.slots and not self._low():
             return False
-        self._backlog = self._completions().waiting > self.slots
+        self._backlog = self._completions().waiting > self.slots + self.prefetch.ahead
         return not self._backlog
+
+    def _low(self) -> bool:
+        """Tasks claimed ahead run low: half or fewer of those the worker holds ahead wait."""
+        return self.prefetch.low(len(self._queued))
 
     def _claim_coming(self) -> bool:
         """Whether outcomes waiting now go with the claim the loop makes soon: it was woken (or
@@ -433,6 +483,8 @@ class Worker:
             freed_now = registry.pop(lease.task_id, None) is not None
             recorded = self._recording.pop(lease.task_id, None) is not None
             self._leases.pop(lease.task_id, None)
+            if freed_now and registry is self._running:
+                self._start_queued()
             if freed_now:
                 self._charge()
             if freed_now or (recorded and self._backlog):
@@ -486,8 +538,10 @@ class Worker:
         except Exception as error:  # a handler bug: retried like a transient failure
             self._note_crash(error)
             outcome = self._failed(lease, definition, outcomes.unexpected(error))
+        took = asyncio.get_running_loop().time() - began
+        self.prefetch.ran(took)
         self._slot_freed(lease.task_id, self._running)
-        await self._finish(lease, outcome, asyncio.get_running_loop().time() - began)
+        await self._finish(lease, outcome, took)
 
     def _limit(self, definition: TaskDefinition) -> float | None:
         """Seconds an attempt of `definition` may take: the stage's limit, or the worker's."""
@@ -500,10 +554,13 @@ class Worker:
         if task is not None:
             self._recording[task_id] = task
             freed = self.stats.memory_charged
+            if registry is self._running:
+                self._start_queued()
             self._charge()
             # Memory freed may make room for a task the last claim passed over.
             more_room = self.stats.memory_charged < freed
-            if self._more or registry is self._polling or task_id == self._solo or more_room:
+            claim_more = self._more and (len(self._running) < self.slots or self._low())
+            if registry is self._polling or task_id == self._solo or more_room or claim_more:
                 self._wake.set()
 
     def _outcome(self, ctx: Context, returned: object) -> Outcome:
@@ -667,6 +724,10 @@ class Worker:
         """Another worker owns the task now: stop working on it here."""
         self.stats.leases_lost += 1
         log.warning("task %s: lease lost; abandoning the attempt", lease.task_id)
+        waiting = [queued for queued in self._queued if queued.task_id == lease.task_id]
+        for queued in waiting:  # claimed ahead and never started
+            self._queued.remove(queued)
+            self._leases.pop(lease.task_id, None)
         for registry in (self._running, self._polling):
             running = registry.get(lease.task_id)
             if running is not None:
@@ -692,6 +753,25 @@ class Worker:
         for task in late:
             task.cancel()
         await asyncio.gather(*late, return_exceptions=True)
+
+    async def _hand_back_queued(self) -> None:
+        """Tasks claimed ahead that never started go back to the queue at once, in one write,
+        their attempt not counted."""
+        queued = list(self._queued)
+        self._queued.clear()
+        if not queued:
+            return
+        error = AttemptError.of(ErrorClass.TRANSIENT, INTERRUPTED, "worker shut down")
+        unstarted = Retry(error, delay=0.0, counted=False)
+        try:
+            await asyncio.shield(
+                self.app.store.finish_many([(lease, unstarted) for lease in queued])
+            )
+        except StoreUnavailable as down:
+            log.warning("%d tasks claimed ahead not handed back (%s)", len(queued), down)
+        finally:
+            for lease in queued:
+                self._leases.pop(lease.task_id, None)
 
     def _install_signals(self) -> Callable[[], None]:
         loop = asyncio.get_running_loop()

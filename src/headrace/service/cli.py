@@ -343,6 +343,12 @@ def demo_moderation(
     help="Handlers at once [default: 4, or the cost classes' slots and 4 more].",
 )
 @click.option(
+    "--prefetch",
+    type=click.IntRange(0, 65536),
+    help="Most tasks claimed ahead of the slots while there is a backlog, only tasks that pass "
+    "no gate and charge no memory [default: 4 per slot; 0 with cost classes].",
+)
+@click.option(
     "--class",
     "classes",
     multiple=True,
@@ -370,6 +376,7 @@ def worker(
     db: str | None,
     app_target: str | None,
     slots: int | None,
+    prefetch: int | None,
     classes: tuple[str, ...],
     borrow: bool,
     lease: str,
@@ -388,6 +395,7 @@ def worker(
     runner = Worker(
         app,
         slots=slots,
+        prefetch=prefetch,
         classes=budget,
         borrow=borrow,
         name=name,

@@ -71,6 +71,7 @@ class Store(Protocol):
         finished: Sequence[tuple[Lease, Outcome]] = (),
         within: Sequence[KindLimit] = (),
         memory: MemoryRoom | None = None,
+        ahead: int = 0,
     ) -> ClaimResult:
         """Lease up to `limit` ready tasks in (tier, tag) order whose gates all admit them;
         a refusing gate skips only its task. A task that must run alone (`solo`) is leased only
@@ -89,7 +90,12 @@ class Store(Protocol):
         tasks leased charge their `memory` against it: a task that does not fit in what is left
         is passed over and stays ready, in its place, and later ones that fit are taken; a task
         larger than the room is leased only when the room says the worker runs nothing charged,
-        and then with nothing charged beside it."""
+        and then with nothing charged beside it.
+
+        `ahead`: past `limit`, up to so many more tasks that may wait in the worker until a
+        slot frees (claimed ahead, as a prefetch): only tasks that pass no gate, charge no
+        memory and need not run alone (`dispatch.may_wait`); others are passed over and stay
+        ready, in their place. Each counts in `within` as any task does."""
         ...
 
     async def claim_polls(

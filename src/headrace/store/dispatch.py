@@ -71,9 +71,31 @@ class MayRunAlone(Protocol):
     def solo(self) -> bool: ...
 
 
+class MayWait(MayRunAlone, Protocol):
+    @property
+    def gates(self) -> tuple[str, ...]: ...
+
+    @property
+    def memory(self) -> int: ...
+
+
 def fits_claim(task: MayRunAlone, chosen: int, alone: bool) -> bool:
     """A task that must run alone goes only to a worker running nothing, and by itself."""
     return not task.solo or (alone and chosen == 0)
+
+
+def takes(task: MayWait, chosen: int, limit: int, ahead: int) -> bool:
+    """Whether a claim for `limit` tasks, and `ahead` more that may wait in the worker for a
+    slot, takes `task` after `chosen` others: within `limit` any task; past it only one that
+    may wait (`may_wait`)."""
+    return chosen < limit or (chosen < limit + ahead and may_wait(task))
+
+
+def may_wait(task: MayWait) -> bool:
+    """A task a worker may hold before one of its slots is free (claimed ahead): it passes no
+    gate, so nothing a provider counts (a call in flight, a start in the window) waits in a
+    worker; it charges no memory; it need not run alone."""
+    return not task.gates and not task.memory and not task.solo
 
 
 def gate_key(gates: Iterable[str]) -> str:

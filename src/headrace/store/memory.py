@@ -42,6 +42,7 @@ from headrace.store.dispatch import (
     earliest,
     fits_claim,
     gate_key,
+    takes,
 )
 from headrace.store.memory_pruning import MemoryPruning
 from headrace.store.types import (
@@ -338,6 +339,7 @@ class MemoryStore(MemoryPruning):
         finished: Sequence[tuple[Lease, Outcome]] = (),
         within: Sequence[KindLimit] = (),
         memory: MemoryRoom | None = None,
+        ahead: int = 0,
     ) -> ClaimResult:
         results = tuple(await self.finish_many(finished)) if finished else ()
         self._woken.clear()  # this claim sees everything written before it
@@ -360,11 +362,12 @@ class MemoryStore(MemoryPruning):
             lane=self._lane,
         )
         for task in ordered:
-            if len(leases) >= limit:
+            if len(leases) >= limit + ahead:
                 break
-            if not fits_claim(task, len(leases), alone) or not budget.fits(task.kind):
+            taken = len(leases)
+            if not takes(task, taken, limit, ahead) or not fits_claim(task, taken, alone):
                 continue
-            if not charge.fits(task.memory):
+            if not budget.fits(task.kind) or not charge.fits(task.memory):
                 continue
             if gate_key(task.gates) in book.refused_keys or not book.admit(task.gates):
                 continue
@@ -641,6 +644,7 @@ class MemoryStore(MemoryPruning):
                     poll_every=None,
                     remote_deadline=None,
                     error_code=outcome.error.code,
+                    attempt_base=task.attempt_base + (not outcome.counted),
                 )
             )
         elif isinstance(outcome, Dead):

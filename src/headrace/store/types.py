@@ -322,6 +322,9 @@ class Retry:
     error: AttemptError
     delay: float
     penalize: tuple[str, ...] = ()
+    # False: the attempt never began (a task claimed ahead and handed back unstarted); it is
+    # recorded, and not counted against the task's `max_attempts`
+    counted: bool = True
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from headrace.store.dispatch import (
     earliest,
     fits_claim,
     gate_key,
+    takes,
 )
 from headrace.store.machine.core import AGING_SLACK, CLAIM_BATCH, Pending
 from headrace.store.machine.outcomes import Outcomes
@@ -70,6 +71,7 @@ class Claiming(Outcomes):
         durable: bool = True,
         within: Sequence[KindLimit] = (),
         memory: MemoryRoom | None = None,
+        ahead: int = 0,
     ) -> Claimed:
         """The claim's time, counters and next run_at (`claim_start`) come back with the first
         batch's gates, in one round trip. Each batch's gates are locked before its tasks, so a
@@ -78,7 +80,8 @@ class Claiming(Outcomes):
         flush. `within`: at most so many tasks of each group of kinds (a worker's cost
         classes); a full group's kinds are left out of later batches. `memory`: what the tasks
         taken may charge of the worker's memory (`MemoryBudget`); later batches leave out tasks
-        larger than what is left."""
+        larger than what is left. `ahead`: up to so many more tasks past `limit` that may wait
+        in the worker for a slot (`dispatch.may_wait`)."""
         self._budget = KindBudget([*within, *await self.backpressure()])
         self._memory = MemoryBudget(memory)
         clock = None if self._clock is None else self._clock.now()
@@ -89,12 +92,12 @@ class Claiming(Outcomes):
         chosen: list[Candidate] = []
         excluded: set[str] = set()
         book: GateBook | None = None
-        async with contextlib.aclosing(self.rounds(kinds, excluded, limit)) as rounds:
+        async with contextlib.aclosing(self.rounds(kinds, excluded, limit + ahead)) as rounds:
             async for candidates in rounds:
                 if start is not None:
                     next_at, start = await self.read_claim_start(start), None
                 book = book or GateBook(self.configs, self.gates.get, self.now)
-                if self.admit(book, candidates, chosen, excluded, limit, alone):
+                if self.admit(book, candidates, chosen, excluded, (limit, ahead), alone):
                     break
         if start is not None:  # no candidate at all
             next_at = await self.read_claim_start(start)
@@ -230,10 +233,12 @@ class Claiming(Outcomes):
         candidates: Sequence[Candidate],
         chosen: list[Candidate],
         excluded: set[str],
-        limit: int,
+        size: tuple[int, int],
         alone: bool,
     ) -> bool:
-        """Choose among `candidates` in turn; True once the claim is complete."""
+        """Choose among `candidates` in turn, up to `size` (a limit, and how many more may
+        wait in the worker); True once the claim is complete."""
+        limit, ahead = size
         ordered = fairness.take_turns(
             candidates,
             rank=lambda task: (task.tier, task.tag),
@@ -242,8 +247,10 @@ class Claiming(Outcomes):
             lane=lambda task: task.lane,
         )
         for task in ordered:
-            if len(chosen) >= limit:
+            if len(chosen) >= limit + ahead:
                 break
+            if not takes(task, len(chosen), limit, ahead):
+                continue
             key = gate_key(task.gates)
             if key in excluded or key in book.refused_keys:
                 continue
@@ -259,7 +266,7 @@ class Claiming(Outcomes):
                 if task.solo:
                     return True
         excluded.update(book.refused_keys)
-        return len(chosen) >= limit
+        return len(chosen) >= limit + ahead
 
     def fits(self, task: Candidate, chosen: int, alone: bool) -> bool:
         """Whether the worker may take `task` beside the `chosen` ones: alone if it must be, a

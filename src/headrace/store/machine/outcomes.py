@@ -230,7 +230,13 @@ class Outcomes(Submission):
         await self.endattempt_of(task, AttemptOutcome.RETRY, outcome.error)
         await self.release(task.id)
         run_at = self.now + outcome.delay
-        await self.run("mark_retry", id=task.id, run_at=run_at, code=outcome.error.code)
+        await self.run(
+            "mark_retry",
+            id=task.id,
+            run_at=run_at,
+            code=outcome.error.code,
+            uncounted=not outcome.counted,
+        )
 
     async def die(self, task: TaskRecord, outcome: Dead) -> None:
         await self.lock_gates_for(task, outcome.penalize)

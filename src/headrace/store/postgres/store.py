@@ -273,6 +273,7 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         finished: Sequence[tuple[Lease, Outcome]] = (),
         within: Sequence[KindLimit] = (),
         memory: MemoryRoom | None = None,
+        ahead: int = 0,
     ) -> ClaimResult:
         wanted, groups = kinds_list(kinds), tuple(within)
         # Outcomes with successors lock the successors' flows, and a claim locks gates after
@@ -304,6 +305,7 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
                 durable=durable,
                 within=groups,
                 memory=memory,
+                ahead=ahead,
             )
             return results, claimed
 

@@ -175,6 +175,7 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         finished: Sequence[tuple[Lease, Outcome]] = (),
         within: Sequence[KindLimit] = (),
         memory: MemoryRoom | None = None,
+        ahead: int = 0,
     ) -> ClaimResult:
         wanted, batch = kinds_list(kinds), tuple(finished)
         self._woken.clear()  # this claim sees everything written before it
@@ -185,7 +186,14 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
                 fold = self._sweeps.fold_due(tx.now)
                 self._sweeps.swept(await tx.sweep(fold=fold), folded=fold)
             claimed = await tx.claim(
-                worker, limit, lease_for, wanted, alone=alone, within=tuple(within), memory=memory
+                worker,
+                limit,
+                lease_for,
+                wanted,
+                alone=alone,
+                within=tuple(within),
+                memory=memory,
+                ahead=ahead,
             )
             return replace(await claimed.result(), finished=tuple(results))
 

@@ -207,7 +207,7 @@ ON CONFLICT (grp, kind) DO UPDATE SET units = units + excluded.units;
 UPDATE tasks
 SET state = 'ready', run_at = :run_at, worker = NULL, lease_until = NULL, remote_id = NULL,
     poll_every = NULL, remote_deadline = NULL, error_code = :code,
-    remote_jobs = remote_jobs + (state = 'waiting')
+    remote_jobs = remote_jobs + (state = 'waiting'), attempt_base = attempt_base + :uncounted
 WHERE id = :id;
 
 -- name: mark_waiting
