@@ -168,3 +168,11 @@ async def test_tasks_claimed_ahead_go_back_unstarted_and_uncounted_at_shutdown()
     for record in handed_back:
         assert [a.outcome for a in attempts[record.ref]] == [AttemptOutcome.RETRY]
     assert {t.state for t in tasks} == {TaskState.SUCCEEDED, TaskState.READY}
+
+
+def test_a_slow_claim_does_not_make_a_worker_hoard() -> None:
+    ahead = measured(64, 4, CLAIM, 0.1)  # 100 ms tasks: nothing ahead
+    ahead.claimed(2.0)  # a claim that waited out a server restart
+    ahead.pace(4, 4, 0)
+    assert ahead.claim_time == CLAIM
+    assert ahead.ahead == 0

@@ -3,22 +3,27 @@
 A claim is a round trip to the store; a short task takes less. A worker whose slots free
 faster than a claim comes back would wait for the store between tasks, so it claims a few
 tasks more than its free slots and starts each the moment a slot frees. How many: what its
-slots finish while one claim is on its way (slots x claim time / task time, both averaged as
-they are measured), grown from a slot's worth by doubling while claims come back full, never
-past the configured most, and nothing as soon as a claim comes back short of its free slots:
-an idle worker starts each task as it arrives, and a task that becomes ready now (a retry, an
-urgent tier) waits behind at most about one claim's time of work already claimed.
+slots finish while one claim is on its way (slots x claim time / task time: the task time
+averaged, the claim time the least of the latest claims, so that a claim slowed by an outage
+or a lock does not make a worker hoard), grown from a slot's worth by doubling while claims
+come back full, never past the configured most, and nothing as soon as a claim comes back
+short of its free slots: an idle worker starts each task as it arrives, and a task that
+becomes ready now (a retry, an urgent tier) waits behind at most about one claim's time of
+work already claimed.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 # Weight of the newest measurement in the running averages.
 SMOOTHING = 0.2
 # Task times below this count as this: a no-op's few microseconds are noise.
 SHORTEST_TASK = 1e-5
+# Claims whose times are kept: the least of them is what a claim takes.
+CLAIMS_KEPT = 16
 
 
 @dataclass
@@ -28,8 +33,8 @@ class Prefetch:
     most: int
     slots: int
     ahead: int = 0  # how many to hold ahead now
-    claim_time: float | None = None  # seconds a claim takes, averaged
     task_time: float | None = None  # seconds a handler takes, averaged
+    claims: deque[float] = field(default_factory=lambda: deque(maxlen=CLAIMS_KEPT))
 
     def ran(self, seconds: float) -> None:
         """A handler took `seconds`."""
@@ -37,7 +42,12 @@ class Prefetch:
 
     def claimed(self, seconds: float) -> None:
         """A claim took `seconds`, from the call to its answer."""
-        self.claim_time = _averaged(self.claim_time, seconds)
+        self.claims.append(seconds)
+
+    @property
+    def claim_time(self) -> float | None:
+        """Seconds a claim takes: the least of the latest ones."""
+        return min(self.claims, default=None)
 
     def room(self, waiting: int) -> int:
         """How many the next claim may take past the free slots, with `waiting` held now."""
