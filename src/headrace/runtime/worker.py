@@ -438,12 +438,15 @@ class Worker:
         """Whether outcomes waiting now go with the claim the loop makes soon: it was woken (or
         is claiming, and more may be ready) and may claim, and other handlers still run. Once
         none does, the worker has nothing to do but wait for the store: the outcomes are
-        written at once, beside the claim rather than inside it, so the two overlap."""
+        written at once, beside the claim rather than inside it, so the two overlap. While
+        tasks claimed ahead wait, a claim comes once they run low: outcomes wait for it too (as
+        many as the worker may hold), so a round is one transaction."""
+        if self._stopping or self._outage or not self._running:
+            return False
+        if self._queued and self._more and self.prefetch.ahead:
+            return self._completions().waiting <= self.slots + self.prefetch.ahead
         return (
-            not self._stopping
-            and not self._outage
-            and bool(self._running)
-            and (self._wake.is_set() or (self._claiming and self._more))
+            (self._wake.is_set() or (self._claiming and self._more))
             and self._solo not in self._running
             and self._room()
         )

@@ -9,14 +9,15 @@
 SELECT extract(epoch FROM clock_timestamp())::double precision AS now;
 
 -- name: set_search_path
--- Resolve unqualified names in the store's schema; no JIT (a queue's statements are short); an index wherever one serves (see below).
--- Every statement of the store finds its rows by key or through an index. A prepared
--- statement's generic plan is made once per connection, from the statistics of that moment: one
--- made while a table was new (never analyzed, a few pages) scans the whole table for ever after,
--- and the table grows by a row per attempt. With sequential scans off, plans take the index
--- whatever the statistics say; a table no index serves is still scanned.
+-- Resolve unqualified names in the store's schema; no JIT (a queue's statements are short); an index wherever one serves.
 SELECT set_config('search_path', quote_ident(%(schema)s::text), false),
        set_config('jit', 'off', false),
+       -- Every statement of the store finds its rows by key or through an index. A prepared
+       -- statement's generic plan is made once per connection from the statistics of that
+       -- moment: one made while a table was new (never analyzed, a few pages) scans the whole
+       -- table for ever after, and the table grows by a row per attempt. With sequential scans
+       -- off, plans take the index whatever the statistics say; a table no index serves is
+       -- still scanned.
        set_config('enable_seqscan', 'off', false);
 
 -- name: create_schema
