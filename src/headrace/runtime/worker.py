@@ -427,8 +427,16 @@ class Worker:
         and no more outcomes waiting to be recorded than the worker may hold."""
         if len(self._running) >= self.slots and not self._low():
             return False
-        self._backlog = self._completions().waiting > self.slots + self.prefetch.ahead
+        self._backlog = self._completions().waiting > self._outcomes_held()
         return not self._backlog
+
+    def _outcomes_held(self) -> int:
+        """The most outcomes that wait to be written (or are being written) before the worker
+        stops claiming and writes them on their own: its slots' worth, and while it claims
+        ahead, two rounds' (those a claim carries, and those that end meanwhile)."""
+        if not self.prefetch.ahead:
+            return self.slots
+        return 2 * (self.slots + self.prefetch.ahead)
 
     def _low(self) -> bool:
         """Tasks claimed ahead run low: half or fewer of those the worker holds ahead wait."""
@@ -440,11 +448,14 @@ class Worker:
         none does, the worker has nothing to do but wait for the store: the outcomes are
         written at once, beside the claim rather than inside it, so the two overlap. While
         tasks claimed ahead wait, a claim comes once they run low: outcomes wait for it too (as
-        many as the worker may hold), so a round is one transaction."""
-        if self._stopping or self._outage or not self._running:
+        many as the worker may hold), so a round is one transaction; so do those that end
+        while such a claim is on its way (the next one takes them)."""
+        if self._stopping or self._outage:
             return False
-        if self._queued and self._more and self.prefetch.ahead:
-            return self._completions().waiting <= self.slots + self.prefetch.ahead
+        if (self._queued or self._claiming) and self._more and self.prefetch.ahead:
+            return self._completions().waiting <= self._outcomes_held()
+        if not self._running:
+            return False
         return (
             (self._wake.is_set() or (self._claiming and self._more))
             and self._solo not in self._running

@@ -15,6 +15,8 @@ from headrace.policy.gate import GateState
 from headrace.policy.tiers import Tier
 from headrace.store.types import Attempt, AttemptOutcome, StageStats, TaskRecord, TaskState
 
+_new_record = object.__new__
+
 # Enum members by value: a dict lookup, not an Enum call per column of every row read.
 _STATES = {state.value: state for state in TaskState}
 _TIERS = {tier.value: tier for tier in Tier}
@@ -28,7 +30,11 @@ class Row(Protocol):
 
 
 def task_of(row: Row) -> TaskRecord:
-    return TaskRecord(
+    """A task's row as its record. Built the way a frozen dataclass's `__init__` would (which
+    sets each of the 31 fields through `object.__setattr__`), filled in at once: a worker reads
+    two rows a task (its lease, its outcome's lock), and this is a third of the time."""
+    record = _new_record(TaskRecord)
+    record.__dict__.update(
         id=row["id"],
         kind=row["kind"],
         ref=row["ref"],
@@ -61,6 +67,7 @@ def task_of(row: Row) -> TaskRecord:
         remote_jobs=row["remote_jobs"],
         memory=row["memory"],
     )
+    return record
 
 
 @dataclass(frozen=True, slots=True)
