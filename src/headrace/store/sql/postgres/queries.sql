@@ -389,10 +389,8 @@ WITH peek AS MATERIALIZED (  -- the batch's tasks, not locked: only their range 
     ) AS last ON true
 ), chosen AS MATERIALIZED (  -- a task whose gates another claim holds is left to it
     SELECT t.id, t.kind, t.tier, t.tag, t.flow, coalesce(t.lane, t.flow) AS lane, t.gates,
-           t.solo, t.memory, f.served AS flow_served,
-           coalesce(l.served, f.served) AS lane_served
-    FROM tasks AS t JOIN flows AS f ON f.flow = t.flow
-    LEFT JOIN flows AS l ON l.flow = t.lane
+           t.solo, t.memory
+    FROM tasks AS t
     WHERE t.state = 'ready'
       AND (t.tier, t.tag, t.id) > (%(tier)s::smallint, %(tag)s::double precision, %(id)s::bigint)
       -- the batch's end, as values (each subquery runs once): the claim-order index bounds it
@@ -407,6 +405,9 @@ WITH peek AS MATERIALIZED (  -- the batch's tasks, not locked: only their range 
     ORDER BY t.tier, t.tag, t.id
     LIMIT %(batch)s::integer  -- walks the claim-order index, as the batch did
     FOR UPDATE OF t SKIP LOCKED
+), turns AS MATERIALIZED (  -- each flow and lane read once: every claim updates these rows
+    SELECT flow, served FROM flows
+    WHERE flow IN (SELECT flow FROM chosen UNION SELECT lane FROM chosen)
 )
 SELECT e.peeked, e.last_tier, e.last_tag, e.last_id,
        -- the batch's gates on its first row only: decoded once, not once per task
@@ -414,8 +415,10 @@ SELECT e.peeked, e.last_tier, e.last_tag, e.last_id,
        CASE WHEN row_number() OVER w = 1 THEN e.wanted END AS wanted,
        -- what a claim weighs a task by: its leased row comes back with its lease
        c.id, c.kind, c.tier, c.tag, c.flow, c.lane, c.gates, c.solo, c.memory,
-       c.flow_served, c.lane_served
+       f.served AS flow_served, coalesce(l.served, f.served) AS lane_served
 FROM edge AS e LEFT JOIN chosen AS c ON true
+LEFT JOIN turns AS f ON f.flow = c.flow
+LEFT JOIN turns AS l ON l.flow = c.lane
 WINDOW w AS (ORDER BY c.tier, c.tag, c.id)
 ORDER BY c.tier, c.tag, c.id;
 
