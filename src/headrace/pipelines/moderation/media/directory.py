@@ -13,12 +13,18 @@ import contextlib
 import os
 import secrets
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import TypeVar
 
 from headrace.pipelines.moderation.media.backend import LocalFile, Served, scratch_file
 from headrace.policy.errors import ConfigError
 from headrace.runtime.calls import off_loop
+
+T = TypeVar("T")
+
+# Times a write makes its directory again when another attempt's sweep removed it meanwhile.
+PLACE_TRIES = 5
 
 
 class DirectoryBackend:
@@ -95,16 +101,34 @@ def _flush(path: Path) -> None:
         os.fsync(handle.fileno())
 
 
+def _in_directory(target: Path, act: Callable[[], T]) -> T:
+    """`act()` once `target`'s directory exists, and again with the directory made anew when it
+    went away before `act` used it: an attempt that lost a set's race is still writing under
+    its own prefix while the winner's sweep removes that prefix."""
+    for _ in range(PLACE_TRIES - 1):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return act()
+        except FileNotFoundError:
+            if target.parent.is_dir():  # not the directory: what was to be linked is missing
+                raise
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return act()
+
+
 def _link_into_place(path: Path, target: Path) -> None:
     """`target` becomes a name of `path`'s file (flushed first), replacing what had the name."""
     _flush(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    linked = target.with_name(f".{target.name}.{secrets.token_hex(8)}.new")
-    os.link(path, linked)
-    try:
-        os.replace(linked, target)
-    finally:
-        linked.unlink(missing_ok=True)
+
+    def link() -> None:
+        linked = target.with_name(f".{target.name}.{secrets.token_hex(8)}.new")
+        os.link(path, linked)
+        try:
+            os.replace(linked, target)
+        finally:
+            linked.unlink(missing_ok=True)
+
+    _in_directory(target, link)
 
 
 def _create(target: Path, data: bytes, scratch: Path) -> bool:
@@ -114,9 +138,8 @@ def _create(target: Path, data: bytes, scratch: Path) -> bool:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(written, target)  # fails when the name is taken: the conditional write
+        try:  # a link fails when the name is taken: the conditional write
+            _in_directory(target, lambda: os.link(written, target))
         except FileExistsError:
             return False
         return True
