@@ -9,14 +9,11 @@ lives in tables, so a gate's cap and rate, fair tags and leases hold across ever
   tasks), locks the rows of the gates those candidates need in name order, and feeds
   `GateBook` through `take_turns`, as the other stores do. It then writes the gate states,
   tickets, leases, attempt rows, dispatch count and virtual time before it commits.
-- Claims take turns: a claim's first statement waits, at most CLAIM_TURN_WAIT_MS, for the
-  store's claim turn (a transaction-scoped advisory lock, `claim_turn`), so claims do not skip
-  each other's candidates; one whose holder stalled goes on without it.
-- Writers lock rows in one order: (a claim's turn,) tasks (by id), then gates (by name), then
-  flows (by name), then the store-wide counters, and the cost ledger last, at the commit. An
-  outcome (or a batch of them) locks all it will touch before it writes anything. Where a
-  claim discovers a gate out of that order it takes the row only if it is free; a transaction
-  that still meets a deadlock or serialization failure runs again.
+- Writers lock rows in one order: tasks (by id), then gates (by name), then flows (by name),
+  then the store-wide counters, and the cost ledger last, at the commit. An outcome (or a batch
+  of them) locks all it will touch before it writes anything. Where a claim discovers a gate
+  out of that order it takes the row only if it is free; a transaction that still meets a
+  deadlock or serialization failure runs again.
 - Time: with no clock given, every lease, run_at and gate time is the server's
   `clock_timestamp()` read in the transaction (again after waiting for gate rows), so hosts with
   skewed clocks agree. A test passes a clock and its value is used instead, in the same SQL.
@@ -101,9 +98,6 @@ POOL_TIMEOUT = 5.0
 RECONNECT_TIMEOUT = POOL_TIMEOUT
 # Seconds `now()` reuses the server's last answer, moved on by the host's monotonic clock.
 CLOCK_REUSE = 1.0
-# Milliseconds a claim waits for its turn (`claim_turn`) before it goes on beside the claim that
-# holds it: far longer than a claim takes, far shorter than a stalled holder's outage.
-CLAIM_TURN_WAIT_MS = 100
 # Tries of one verb that met a deadlock, a serialization failure or a racing idempotency key.
 CONFLICT_TRIES = 5
 
@@ -301,10 +295,6 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         async def verb(tx: Transaction) -> tuple[list[HeadraceError | None], Claimed]:
             # The outcomes first: they lock their tasks, then gates, as every writer does; the
             # claim then holds those gates already and waits only above them.
-            # Claims take turns (at most CLAIM_TURN_WAIT each): one that runs beside another
-            # would skip, row by row, the candidates the other holds at the queue's head. The
-            # turn is taken first, before any row: a claim waiting for it holds nothing.
-            await tx.run("claim_turn", wait_ms=CLAIM_TURN_WAIT_MS)
             results = await tx.finish_many(batch) if batch else []
             claimed = await tx.claim(
                 worker,

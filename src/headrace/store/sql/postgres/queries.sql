@@ -89,10 +89,6 @@ SELECT pg_advisory_xact_lock(hashtextextended('headrace.key:' || k.key, 0))
 FROM unnest(%(keys)s::text[]) WITH ORDINALITY AS k (key, n)
 ORDER BY k.n;
 
--- name: claim_turn
--- Wait at most wait_ms for the store's claim turn, held to the end of the transaction; go on without it past that.
-SELECT claim_turn(%(wait_ms)s::integer) AS had;
-
 -- name: task_ids_by_keys
 -- The tasks idempotency keys name, with the digests of the payloads they were submitted with.
 SELECT id, key, payload_digest FROM tasks WHERE key = ANY(%(keys)s::text[]);
