@@ -281,7 +281,7 @@ class Worker:
             kinds = self.classes.open_kinds(kinds, room)
         if kinds and self._may_claim():
             free = self.slots - len(self._running)
-            ahead = self._ahead_room()
+            ahead = self.prefetch.room(len(self._queued))
             within = self.classes.limits(room) if self.classes else ()
             memory = self.memory.room(self._charges())
             claimed = await self._claim(
@@ -384,10 +384,6 @@ class Worker:
             leases=(*claimed.leases, *more.leases),
             wake_at=earliest(claimed.wake_at, more.wake_at),
         )
-
-    def _ahead_room(self) -> int:
-        """How many tasks the next claim may take past the free slots."""
-        return self.prefetch.room(len(self._queued))
 
     def _start_queued(self) -> None:
         """Start tasks claimed ahead in the slots that are free, in claim order."""
@@ -497,9 +493,9 @@ class Worker:
             freed_now = registry.pop(lease.task_id, None) is not None
             recorded = self._recording.pop(lease.task_id, None) is not None
             self._leases.pop(lease.task_id, None)
-            if freed_now and registry is self._running:
-                self._start_queued()
             if freed_now:
+                if registry is self._running:
+                    self._start_queued()
                 self._charge()
             if freed_now or (recorded and self._backlog):
                 self._wake.set()  # a slot, or room for more outcomes
