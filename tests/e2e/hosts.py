@@ -17,10 +17,13 @@ import asyncio
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from headrace.store.postgres.store import GONE_AFTER, PROBE_IDLE, PROBE_INTERVAL, PROBES
 
 
 def available() -> str | None:
@@ -171,6 +174,7 @@ class Forwarder:
 
     async def _serve(self, listen: tuple[str, int], target: tuple[str, int]) -> asyncio.Server:
         async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            probe_like_the_server(writer.get_extra_info("socket"))
             try:
                 up_reader, up_writer = await asyncio.open_connection(*target)
             except OSError:
@@ -179,6 +183,19 @@ class Forwarder:
             await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
 
         return await asyncio.start_server(connected, *listen, reuse_address=True)
+
+
+def probe_like_the_server(sock: socket.socket) -> None:
+    """The keepalive probes and unacknowledged-data limit a PostgreSQL store asks the server
+    for on its sessions, on the forwarder's end of a host's connection. The forwarder stands in
+    for the wire: without them it would answer the server's probes for a host whose link is
+    cut, and the server would never learn the host is gone; with them it ends both sides when
+    the host stops answering, as the server would."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, PROBE_IDLE)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, PROBE_INTERVAL)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, PROBES)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, GONE_AFTER * 1000)
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -27,6 +27,7 @@ from tests.integration.postgres import fresh_schema
 pytestmark = pytest.mark.anyio
 
 ROUNDS = 20
+WRITERS = 12  # at once, over two stores' pools
 
 
 @pytest.fixture
@@ -283,3 +284,42 @@ async def test_a_claim_reads_past_a_batch_another_transaction_holds(
         claimed = await store.claim("w", 1, lease_for=30.0)
         await other.rollback()
     assert [lease.task.ref for lease in claimed.leases] == [f"t{first_batch:02d}"]
+
+
+async def test_a_list_of_records_never_gains_one_before_what_it_has_shown(
+    stores: list[PostgresStore],
+) -> None:
+    """Writers on two stores make and move records at once while a reader lists them again
+    and again: whatever a list shows that the one before it did not comes after everything the
+    one before showed (seqs commit in the order they are taken), and a change returns the seq
+    it committed with."""
+    writers = stores
+    done = asyncio.Event()
+    returned: dict[tuple[str, int], int] = {}
+    broken: list[tuple[int, int]] = []
+
+    async def write(store: PostgresStore, name: str) -> None:
+        for n in range(40):
+            made = await store.put_record("item", f"{name}{n}", scope="s", state="new")
+            returned[(made.record.id, 0)] = made.record.seq
+            moved = await store.change_record("item", f"{name}{n}", state="seen")
+            returned[(moved.record.id, 1)] = moved.record.seq
+
+    async def read() -> None:
+        shown: set[tuple[str, int]] = set()
+        top = 0
+        while not done.is_set():
+            found = await writers[0].list_records("item", limit=10_000)
+            now = {(r.id, r.seq) for r in found}
+            broken.extend((seq, top) for _, seq in now - shown if seq <= top)
+            shown, top = now, max((seq for _, seq in now), default=0)
+
+    reader = asyncio.create_task(read())
+    try:
+        await asyncio.gather(*(write(writers[n % 2], f"w{n}-") for n in range(WRITERS)))
+    finally:
+        done.set()
+        await reader
+    assert broken == []
+    final = {r.id: r.seq for r in await writers[0].list_records("item", limit=10_000)}
+    assert all(final[record_id] == returned[(record_id, 1)] for record_id in final)

@@ -294,6 +294,13 @@ def test_urls_carry_headrace_options_apart_from_libpq_ones() -> None:
         PostgresStore("postgresql://db/app", pool_min=4, pool_max=2)
     with pytest.raises(ConfigError, match="durable_claims must be true or false"):
         PostgresStore.from_url("postgresql://db/app?durable_claims=maybe")
+    assert store.idle_in_transaction == 10.0
+    assert (
+        PostgresStore.from_url("postgresql://db/app?idle_in_transaction=0").idle_in_transaction == 0
+    )
+    for bad in ("soon", "-1", "inf", "nan"):
+        with pytest.raises(ConfigError, match="idle_in_transaction must be seconds >= 0"):
+            PostgresStore.from_url(f"postgresql://db/app?idle_in_transaction={bad}")
     with pytest.raises(ConfigError, match="store url"):
         split_url("sqlite:///x.db")
 

@@ -22,17 +22,47 @@ from headrace.store.records import (
 )
 from headrace.store.rows import Row
 
-# Held from taking a seq to the commit, so that seqs commit in the order they are taken: a
-# reader that sees a record's seq has seen every smaller one that will ever be (a list past a
-# cursor never gains an item before it). SQLite's single writer gives this without a lock.
+# Held from numbering a transaction's records to its commit, so that seqs commit in the order
+# they are taken: a reader that sees a record's seq has seen every smaller one that will ever be
+# (a list past a cursor never gains an item before it). Taken as the transaction's last step
+# (`number_records`), after every other lock, so a writer holds it for its commit alone, never
+# while it waits on its client (a cut link, a stalled process would hold up every writer of
+# records). SQLite's single writer gives the order without a lock.
 SEQ_LOCK = "headrace.records.seq"
 
 
 class RecordSteps(Steps):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Records this transaction made or moved, by key: numbered again at its end.
+        self._numbered: dict[tuple[str, str], list[Record]] = {}
+
+    async def conclude(self) -> None:
+        await super().conclude()
+        await self.number_records()
+
+    async def number_records(self) -> None:
+        """Give the records made or moved their seqs under SEQ_LOCK, as the transaction ends
+        (the seqs they were written with hold their place until then), and set them on the
+        records this transaction returns."""
+        if not self._numbered:
+            return
+        await self.run("advisory_lock", lock=SEQ_LOCK)
+        keys = sorted(self._numbered)
+        found = await self.rows(
+            "number_records", kinds=[kind for kind, _ in keys], ids=[i for _, i in keys]
+        )
+        for row in found:
+            for record in self._numbered[(row["kind"], row["id"])]:
+                object.__setattr__(record, "seq", int(row["seq"]))  # not yet handed out
+
+    def _to_number(self, record: Record) -> Record:
+        self._numbered.setdefault((record.kind, record.id), []).append(record)
+        return record
+
     async def put_record(
         self, kind: str, record_id: str, scope: str, state: str, body: str, audit: Audit | None
     ) -> Changed:
-        await self.run("advisory_lock", lock=SEQ_LOCK)
         made = await self.row(
             "insert_record", kind=kind, id=record_id, scope=scope, state=state, body=body
         )
@@ -40,7 +70,7 @@ class RecordSteps(Steps):
             return Changed(
                 record_of(await self.one("record_by_id", kind=kind, id=record_id)), False
             )
-        record = record_of(made)
+        record = self._to_number(record_of(made))
         if audit is not None:
             await self.audit_row(record, audit, "applied")
         return Changed(record, True)
@@ -61,14 +91,14 @@ class RecordSteps(Steps):
         record = record_of(found)
         decision = decide(record, state, body, when)
         if decision.applied:
-            if decision.moved:
-                await self.run("advisory_lock", lock=SEQ_LOCK)
             query = "move_record" if decision.moved else "rewrite_record"
             record = record_of(
                 await self.one(
                     query, kind=kind, id=record_id, state=decision.state, body=dump(decision.body)
                 )
             )
+            if decision.moved or (record.kind, record.id) in self._numbered:
+                self._to_number(record)
         if audit is not None:
             await self.audit_row(record, audit, decision.outcome)
         if notice is not None and decision.applied:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -33,7 +34,7 @@ Queries = Mapping[str, sql.Query]
 
 QUERIES = "postgres/queries.sql"
 MIGRATIONS = "postgres/migrations"
-URL_OPTIONS = ("schema", "pool_min", "pool_max", "durable_claims")
+URL_OPTIONS = ("schema", "pool_min", "pool_max", "durable_claims", "idle_in_transaction")
 BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 CONFLICTS = (pgerrors.DeadlockDetected, pgerrors.SerializationFailure)
 KEY_INDEX = "tasks_key"  # a unique violation on it: another writer took a key first
@@ -41,16 +42,23 @@ KEY_INDEX = "tasks_key"  # a unique violation on it: another writer took a key f
 
 class PipelineDriver:
     """Named statements on a connection in pipeline mode: a statement's rows are read only
-    when wanted, so those sent before share its round trip."""
+    when wanted, so those sent before share its round trip.
+
+    A read ends with a Sync rather than a bare flush: the session then waits for the rest of
+    the transaction as `idle in transaction`, which the server's
+    `idle_in_transaction_session_timeout` applies to (mid-pipeline it would wait as `active`,
+    with no limit, holding its locks for as long as its client is gone)."""
 
     name = "postgres"
 
-    def __init__(self, conn: Connection, queries: Queries) -> None:
+    def __init__(self, conn: Connection, queries: Queries, pipeline: psycopg.AsyncPipeline) -> None:
         self._conn = conn
         self._queries = queries
+        self._pipeline = pipeline
 
-    async def send(self, query: str, params: Mapping[str, object]) -> psycopg.AsyncCursor[DictRow]:
-        return await self._conn.execute(self._queries[query].text, adapted(params))
+    async def send(self, query: str, params: Mapping[str, object]) -> Synced:
+        cursor = await self._conn.execute(self._queries[query].text, adapted(params))
+        return Synced(cursor, self._pipeline)
 
     async def run_many(self, query: str, params: Sequence[Mapping[str, object]]) -> None:
         async with self._conn.cursor() as cursor:
@@ -58,6 +66,27 @@ class PipelineDriver:
 
     def savepoint(self) -> contextlib.AbstractAsyncContextManager[object]:
         return self._conn.transaction()
+
+
+class Synced:
+    """A statement sent in a pipeline; reading it syncs the pipeline first unless its result
+    has come already."""
+
+    __slots__ = ("_cursor", "_pipeline")
+
+    def __init__(self, cursor: psycopg.AsyncCursor[DictRow], pipeline: psycopg.AsyncPipeline):
+        self._cursor = cursor
+        self._pipeline = pipeline
+
+    async def fetchone(self) -> DictRow | None:
+        if self._cursor.pgresult is None:
+            await self._pipeline.sync()
+        return await self._cursor.fetchone()
+
+    async def fetchall(self) -> list[DictRow]:
+        if self._cursor.pgresult is None:
+            await self._pipeline.sync()
+        return await self._cursor.fetchall()
 
 
 def adapted(params: Mapping[str, object]) -> Mapping[str, object]:
@@ -104,7 +133,7 @@ async def translated(work: Awaitable[T]) -> T:
         if exc.diag.constraint_name == KEY_INDEX:
             raise Conflict from exc
         raise StoreError(f"postgres store: {first_line(exc)}") from exc
-    except psycopg.OperationalError as exc:
+    except (psycopg.OperationalError, pgerrors.IdleInTransactionSessionTimeout) as exc:
         raise StoreUnavailable(f"postgres store unavailable: {first_line(exc)}") from exc
     except psycopg.Error as exc:
         raise StoreError(f"postgres store: {first_line(exc)}") from exc
@@ -153,6 +182,19 @@ def int_option(options: Mapping[str, str], name: str, default: int) -> int:
         return int(value)
     except ValueError:
         raise ConfigError(f"store url: {name} must be an integer, got {value!r}") from None
+
+
+def seconds_option(options: Mapping[str, str], name: str, default: float) -> float:
+    value = options.get(name)
+    if value is None:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ConfigError(f"store url: {name} must be seconds >= 0, got {value!r}")
+    return seconds
 
 
 def bool_option(options: Mapping[str, str], name: str, default: bool) -> bool:

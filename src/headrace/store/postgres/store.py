@@ -69,6 +69,7 @@ from headrace.store.postgres.connection import (
     migrate,
     named,
     retrieve,
+    seconds_option,
     split_url,
     translated,
     without_password,
@@ -96,6 +97,21 @@ DEFAULT_SCHEMA = "headrace"
 # a long back-off: the server is used again within about a second of coming back.
 POOL_TIMEOUT = 5.0
 RECONNECT_TIMEOUT = POOL_TIMEOUT
+# Seconds a pooled session may sit inside a transaction before the server ends it (its locks
+# with it): a host whose link is cut mid-transaction holds up others for this long, not until
+# TCP gives up on it (hours). The store's own transactions wait on the client for microseconds.
+IDLE_IN_TRANSACTION = 10.0
+# TCP keepalive probes the server sends on a pooled session: the first after PROBE_IDLE quiet
+# seconds, then every PROBE_INTERVAL; PROBES unanswered end the session, as does data left
+# unacknowledged for as long. A host gone (power, link) is found in about 25 s in any state,
+# mid-statement included, where the limit above does not apply.
+PROBE_IDLE = 10
+PROBE_INTERVAL = 5
+PROBES = 3
+GONE_AFTER = PROBE_IDLE + PROBE_INTERVAL * PROBES
+# A session lost under a transaction: the link or the server went (OperationalError), or the
+# server ended a session that sat too long inside a transaction (this process stalled).
+SESSION_LOST = (psycopg.OperationalError, pgerrors.IdleInTransactionSessionTimeout)
 # Seconds `now()` reuses the server's last answer, moved on by the host's monotonic clock.
 CLOCK_REUSE = 1.0
 # Tries of one verb that met a deadlock, a serialization failure or a racing idempotency key.
@@ -114,13 +130,22 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         pool_max: int = 10,
         schema: str = DEFAULT_SCHEMA,
         durable_claims: bool = False,
+        idle_in_transaction: float = IDLE_IN_TRANSACTION,
     ) -> None:
         """`durable_claims`: a claim's commit waits for the WAL flush, as every other write's
         does. Off, a claim commits without waiting (`synchronous_commit = off` for it alone):
         the task starts sooner, and a server crash in the flush's few hundred milliseconds
         forgets the claim as if its worker had died (the task runs again, the holder's writes
-        are refused); its gate tickets and tokens are forgotten with it."""
+        are refused); its gate tickets and tokens are forgotten with it.
+
+        `idle_in_transaction`: seconds the server lets one of the pool's sessions wait on its
+        client inside a transaction before it ends the session and releases its locks (0: no
+        limit). A host cut off mid-transaction then holds the others up for that long."""
         check_pool_sizes(pool_min, pool_max)
+        if not (0 <= idle_in_transaction < math.inf):
+            raise ConfigError(
+                f"postgres idle_in_transaction: expected seconds >= 0, got {idle_in_transaction!r}"
+            )
         if not schema or len(schema) > 63:
             raise ConfigError(f"postgres schema: expected 1 to 63 characters, got {schema!r}")
         self.dsn = dsn
@@ -130,6 +155,7 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         self.pool_min = pool_min
         self.pool_max = pool_max
         self.durable_claims = durable_claims
+        self.idle_in_transaction = idle_in_transaction
         self.settings = Settings()
         self._configs: dict[str, GateConfig] = {}
         self._limited: frozenset[str] = frozenset()  # stages with limits on waiting tasks
@@ -144,8 +170,8 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
     @classmethod
     def from_url(cls, url: str, *, clock: Clock | None = None) -> PostgresStore:
         """A store for `postgresql://user@host:port/db` (or `postgres://`). The query may add
-        `schema`, `pool_min`, `pool_max` and `durable_claims` (true or false); the rest of the
-        URL goes to libpq as it is."""
+        `schema`, `pool_min`, `pool_max`, `durable_claims` (true or false) and
+        `idle_in_transaction` (seconds); the rest of the URL goes to libpq as it is."""
         dsn, options = split_url(url)
         return cls(
             dsn,
@@ -154,6 +180,7 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
             pool_min=int_option(options, "pool_min", 1),
             pool_max=int_option(options, "pool_max", 10),
             durable_claims=bool_option(options, "durable_claims", False),
+            idle_in_transaction=seconds_option(options, "idle_in_transaction", IDLE_IN_TRANSACTION),
         )
 
     def __repr__(self) -> str:
@@ -356,12 +383,12 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
             committing = False
             try:
                 # Pipeline mode: statements whose results are not read go with the next read.
-                async with conn.pipeline(), conn.transaction():
-                    driver = PipelineDriver(conn, self._queries)
+                async with conn.pipeline() as pipeline, conn.transaction():
+                    driver = PipelineDriver(conn, self._queries, pipeline)
                     tx = Transaction(driver, self._configs, self.settings, self.clock)
                     result = await self._run_verb(tx, verb, read, clock_first)
                     committing = True
-            except psycopg.OperationalError as exc:
+            except SESSION_LOST as exc:
                 if conn.broken and not committing:  # lost before the commit: nothing written
                     raise Dropped from exc
                 raise
@@ -406,6 +433,17 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
 
     async def _configure(self, conn: Connection) -> None:
         await conn.execute(self._queries["set_search_path"].text, {"schema": self.schema})
+        milliseconds = round(self.idle_in_transaction * 1000)
+        if self.idle_in_transaction > 0:
+            milliseconds = max(1, milliseconds)
+        limits = {
+            "milliseconds": str(milliseconds),
+            "probe_idle": str(PROBE_IDLE),
+            "probe_interval": str(PROBE_INTERVAL),
+            "probes": str(PROBES),
+            "unacked_ms": str(GONE_AFTER * 1000),
+        }
+        await conn.execute(self._queries["bound_quiet_sessions"].text, limits)
 
     def _compose(self, query: str) -> pgsql.Composed:
         """A statement that names the schema or channel, which parameters cannot."""

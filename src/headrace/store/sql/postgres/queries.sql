@@ -20,6 +20,14 @@ SELECT set_config('search_path', quote_ident(%(schema)s::text), false),
        -- still scanned.
        set_config('enable_seqscan', 'off', false);
 
+-- name: bound_quiet_sessions
+-- How long a pooled session waits on a client gone quiet. Idle inside a transaction (its host's link cut, its process frozen) for `milliseconds`, the server ends it, so the row and advisory locks it holds stop holding up every other process; its client finds the connection broken and, having committed nothing, runs the transaction again. Whatever its state, keepalive probes and a limit on unacknowledged data find a host that is gone in `probe_idle` + `probe_interval` x `probes` seconds (`unacked_ms`), not the hours of the system's defaults.
+SELECT set_config('idle_in_transaction_session_timeout', %(milliseconds)s::text, false),
+       set_config('tcp_keepalives_idle', %(probe_idle)s::text, false),
+       set_config('tcp_keepalives_interval', %(probe_interval)s::text, false),
+       set_config('tcp_keepalives_count', %(probes)s::text, false),
+       set_config('tcp_user_timeout', %(unacked_ms)s::text, false);
+
 -- name: create_schema
 -- The store's own schema, created by the first migration run.
 CREATE SCHEMA IF NOT EXISTS {schema};
@@ -807,12 +815,19 @@ WHERE grp = %(grp)s::text AND state = 'dead'
 ORDER BY id;
 
 -- name: insert_record
--- A new record, numbered by the record sequence; no row when one of that kind and id exists.
+-- A new record, numbered by the record sequence (again as its transaction ends: `number_records`); no row when one of that kind and id exists.
 INSERT INTO records (kind, id, scope, state, body, seq, created_at, changed_at)
 VALUES (%(kind)s::text, %(id)s::text, %(scope)s::text, %(state)s::text, %(body)s::jsonb,
         nextval('record_changes'), %(now)s::double precision, %(now)s::double precision)
 ON CONFLICT (kind, id) DO NOTHING
 RETURNING *;
+
+-- name: number_records
+-- The records a transaction made or moved, numbered again as it ends (under the seq lock, so seqs commit in the order they are taken).
+UPDATE records AS r SET seq = nextval('record_changes')
+FROM unnest(%(kinds)s::text[], %(ids)s::text[]) AS k (kind, id)
+WHERE r.kind = k.kind AND r.id = k.id
+RETURNING r.kind, r.id, r.seq;
 
 -- name: record_by_id
 -- One record.
@@ -823,7 +838,7 @@ SELECT * FROM records WHERE kind = %(kind)s::text AND id = %(id)s::text;
 SELECT * FROM records WHERE kind = %(kind)s::text AND id = %(id)s::text FOR UPDATE;
 
 -- name: move_record
--- A record's new state and body, numbered by the record sequence.
+-- A record's new state and body, numbered by the record sequence (again as its transaction ends: `number_records`).
 UPDATE records
 SET state = %(state)s::text, body = %(body)s::jsonb, changed_at = %(now)s::double precision,
     seq = nextval('record_changes')

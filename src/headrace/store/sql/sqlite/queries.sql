@@ -649,6 +649,12 @@ VALUES (:kind, :id, :scope, :state, :body,
 ON CONFLICT (kind, id) DO NOTHING
 RETURNING *;
 
+-- name: number_records
+-- The records a transaction made or moved, as numbered: the file's single writer commits seqs in the order they are taken.
+SELECT r.kind, r.id, r.seq
+FROM json_each(:kinds) AS k JOIN json_each(:ids) AS i ON i.key = k.key
+JOIN records AS r ON r.kind = k.value AND r.id = i.value;
+
 -- name: record_by_id
 -- One record.
 SELECT * FROM records WHERE kind = :kind AND id = :id;
