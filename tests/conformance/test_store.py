@@ -605,8 +605,11 @@ async def test_tasks_whose_worker_died_running_them_together_are_not_charged(
     await store.submit([task("other")])
     busy = await store.claim("w2", 3, lease_for=LEASE, alone=False)
     assert refs(list(busy.leases)) == ["other"]  # a worker running something gets no solo task
-    [alone] = (await store.claim("w3", 3, lease_for=LEASE)).leases
+    assert busy.solo_waiting  # and hears that one waits for a worker running nothing
+    first = await store.claim("w3", 3, lease_for=LEASE)
+    [alone] = first.leases
     assert alone.task.ref == "t0" and alone.task.solo  # by itself, though three were asked for
+    assert not first.solo_waiting
     await store.finish(alone, Succeeded())
 
 

@@ -366,12 +366,18 @@ def report(
     lost = Counter(a.worker for a, _ in lost_leases(attempts))
     manifests, made = derivative_sets(keys)
     extra = sum(len(prefixes) - 1 for prefixes in made.values() if len(prefixes) > 1)
+    delays = [
+        after.started_at - (burst.cut_at if gone.worker == "w1" else burst.killed_at)
+        for gone, after in lost_leases(attempts)
+        if after is not None and burst.cut_at is not None and burst.killed_at is not None
+    ]
     print(
         f"cut {burst.cut_at}, mended {burst.mended_at}, killed {burst.killed_at}; "
         f"{len(burst.acknowledged)} uploads acknowledged ({burst.resent} sent again), "
         f"{len(tasks)} tasks, {len(attempts)} attempts; items {dict(states)}; "
         f"leases lost by host {dict(lost)}; {sum(manifests.values())} derivative sets, "
-        f"{extra} attempts' objects beside them"
+        f"{extra} attempts' objects beside them; claimed again at most "
+        f"{max(delays, default=0.0):.1f} s after the loss"
     )
 
 

@@ -177,6 +177,9 @@ class Worker:
         self._claiming = False  # a claim (with the outcomes it records) is in flight
         self._backlog = False  # claiming stopped: more than `slots` outcomes wait to be recorded
         self._solo: int | None = None  # a task running alone: nothing else is claimed meanwhile
+        # The last claim passed over a task that must run alone: nothing new is claimed until
+        # this worker runs nothing, then it claims alone.
+        self._solo_waiting = False
 
     # -- running
 
@@ -302,6 +305,7 @@ class Worker:
                 claimed = await self._borrow(completions, free, claimed, room, memory)
                 self._more = self._more or len(claimed.leases) >= free
             self.prefetch.pace(len(claimed.leases), free, ahead)
+            self._solo_waiting = claimed.solo_waiting
             for lease in claimed.leases:
                 if lease.task.solo:  # it lost a lease beside others: it runs alone here
                     self._solo = lease.task_id
@@ -416,7 +420,13 @@ class Worker:
         if self._solo in self._running:
             return False  # a task that must run alone is running
         self._solo = None
+        if self._draining():
+            return False
         return self._room()
+
+    def _draining(self) -> bool:
+        """A task that must run alone waits for this worker: it lets what it holds finish."""
+        return self._solo_waiting and bool(self._running or self._queued)
 
     def _room(self) -> bool:
         """A free slot (or, with tasks claimed ahead, fewer than half of them still waiting),
@@ -446,7 +456,7 @@ class Worker:
         tasks claimed ahead wait, a claim comes once they run low: outcomes wait for it too (as
         many as the worker may hold), so a round is one transaction; so do those that end
         while such a claim is on its way (the next one takes them)."""
-        if self._stopping or self._outage:
+        if self._stopping or self._outage or self._draining():
             return False
         if (self._queued or self._claiming) and self._more and self.prefetch.ahead:
             return self._completions().waiting <= self._outcomes_held()
@@ -570,7 +580,14 @@ class Worker:
             # Memory freed may make room for a task the last claim passed over.
             more_room = self.stats.memory_charged < freed
             claim_more = self._more and (len(self._running) < self.slots or self._low())
-            if registry is self._polling or task_id == self._solo or more_room or claim_more:
+            solo_next = self._solo_waiting and not (registry or self._queued)
+            if (
+                registry is self._polling
+                or task_id == self._solo
+                or more_room
+                or claim_more
+                or solo_next
+            ):
                 self._wake.set()
 
     def _outcome(self, ctx: Context, returned: object) -> Outcome:

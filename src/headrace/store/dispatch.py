@@ -84,6 +84,12 @@ def fits_claim(task: MayRunAlone, chosen: int, alone: bool) -> bool:
     return not task.solo or (alone and chosen == 0)
 
 
+def waits_for_alone(task: MayRunAlone, chosen: int, alone: bool) -> bool:
+    """A task that must run alone, passed over by this claim only for want of an idle worker:
+    the worker is told (`ClaimResult.solo_waiting`) and runs nothing new until it is idle."""
+    return task.solo and not fits_claim(task, chosen, alone)
+
+
 def takes(task: MayWait, chosen: int, limit: int, ahead: int) -> bool:
     """Whether a claim for `limit` tasks, and `ahead` more that may wait in the worker for a
     slot, takes `task` after `chosen` others: within `limit` any task; past it only one that

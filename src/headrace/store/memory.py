@@ -43,6 +43,7 @@ from headrace.store.dispatch import (
     fits_claim,
     gate_key,
     takes,
+    waits_for_alone,
 )
 from headrace.store.memory_pruning import MemoryPruning
 from headrace.store.types import (
@@ -353,6 +354,7 @@ class MemoryStore(MemoryPruning):
         charge = MemoryBudget(memory)
         held_back = stage_bounds.holding_back(held)
         leases: list[Lease] = []
+        solo_waiting = False
         popped: list[tuple[tuple[str, str], tuple[int, float, int]]] = []
         ordered = fairness.take_turns(
             self._candidates(kinds, book.refused_keys, popped, budget),
@@ -365,7 +367,9 @@ class MemoryStore(MemoryPruning):
             if len(leases) >= limit + ahead:
                 break
             taken = len(leases)
-            if not takes(task, taken, limit, ahead) or not fits_claim(task, taken, alone):
+            wanted = takes(task, taken, limit, ahead)
+            solo_waiting = solo_waiting or (wanted and waits_for_alone(task, taken, alone))
+            if not wanted or not fits_claim(task, taken, alone):
                 continue
             if not budget.fits(task.kind) or not charge.fits(task.memory):
                 continue
@@ -383,7 +387,7 @@ class MemoryStore(MemoryPruning):
                 heapq.heappush(self._ready[key], entry)
         self._gates.update({name: book.states[name] for name in book.changed})
         wake_at = earliest(book.wake_at(), self._next_run_at())
-        return ClaimResult(tuple(leases), now, wake_at, finished=results)
+        return ClaimResult(tuple(leases), now, wake_at, finished=results, solo_waiting=solo_waiting)
 
     def _backpressure(self) -> dict[str, KindLimit]:
         counted = set(stage_bounds.counted_kinds(self.settings.stages))

@@ -294,6 +294,10 @@ class ClaimResult:
     # The results of the outcomes written with the claim (`Store.claim(finished=...)`), in
     # their order: None when recorded, or the error `finish` would have raised.
     finished: tuple[HeadraceError | None, ...] = ()
+    # A task that must run alone (`solo`) came up in order and was passed over, since the
+    # worker runs (or just took) something else: it claims nothing more until it can claim
+    # alone, so a task lost beside others runs next rather than when a worker happens to idle.
+    solo_waiting: bool = False
 
 
 @dataclass(frozen=True)

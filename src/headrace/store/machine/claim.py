@@ -21,6 +21,7 @@ from headrace.store.dispatch import (
     fits_claim,
     gate_key,
     takes,
+    waits_for_alone,
 )
 from headrace.store.machine.core import AGING_SLACK, CLAIM_BATCH, Pending
 from headrace.store.machine.outcomes import Outcomes
@@ -47,14 +48,15 @@ class Claimed:
     until: float
     now: float
     wake_at: float | None
+    solo_waiting: bool = False
 
     async def result(self) -> ClaimResult:
         if self.leased is None:
-            return ClaimResult((), self.now, self.wake_at)
+            return ClaimResult((), self.now, self.wake_at, solo_waiting=self.solo_waiting)
         rows = await self.leased.fetchall()  # no round trip: the commit's sync brought them
         held = {record.id: record for record in map(task_of, rows)}
         leases = (Lease(held[i], held[i].lease_token, self.until) for i in self.ids)
-        return ClaimResult(tuple(leases), self.now, self.wake_at)
+        return ClaimResult(tuple(leases), self.now, self.wake_at, solo_waiting=self.solo_waiting)
 
 
 class Claiming(Outcomes):
@@ -84,6 +86,7 @@ class Claiming(Outcomes):
         in the worker for a slot (`dispatch.may_wait`)."""
         self._budget = KindBudget([*within, *await self.backpressure()])
         self._memory = MemoryBudget(memory)
+        self._solo_waiting = False
         clock = None if self._clock is None else self._clock.now()
         commit = "on" if durable else "off"
         self._gates_before_claim = len(self.gates.states) + len(self.gates.busy)
@@ -255,6 +258,7 @@ class Claiming(Outcomes):
             if key in excluded or key in book.refused_keys:
                 continue
             if not self.fits(task, len(chosen), alone):
+                self._solo_waiting = self._solo_waiting or waits_for_alone(task, len(chosen), alone)
                 continue
             if self.gates.busy.intersection(task.gates):
                 excluded.add(key)  # another claim holds one of its gates: next claim
@@ -295,7 +299,7 @@ class Claiming(Outcomes):
         come back with the commit: one round trip for both)."""
         until = self.now + lease_for
         if not chosen:
-            return Claimed(None, [], until, self.now, wake_at)
+            return Claimed(None, [], until, self.now, wake_at, self._solo_waiting)
         ids = [task.id for task in chosen]
         if any(task.kind in self._held_back for task in chosen):
             self.wake = True  # room downstream: claims that backpressure held back may go on
@@ -315,7 +319,7 @@ class Claiming(Outcomes):
             served=[self._served[flow] for flow in flows],
             tags=[self._last_tags[flow] for flow in flows],
         )
-        return Claimed(leased, ids, until, self.now, wake_at)
+        return Claimed(leased, ids, until, self.now, wake_at, self._solo_waiting)
 
     async def send_aging(self) -> Pending | None:
         """Ready tasks below the aging ceiling that may have waited an aging step."""

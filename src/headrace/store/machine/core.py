@@ -214,6 +214,7 @@ class Steps:
         self._gates_before_claim = 0  # gates held or met busy when the claim began (outcomes')
         self._budget = KindBudget(())  # what a claim may still take of each group of kinds
         self._memory = MemoryBudget(None)  # what a claim may still charge of a worker's memory
+        self._solo_waiting = False  # a claim passed over a task that must run alone
         self._held_back: frozenset[str] = frozenset()  # full stages that hold feeders back
 
     # -- statements
