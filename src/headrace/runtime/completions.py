@@ -75,6 +75,11 @@ class Completions:
             self.kick()
         await future
 
+    @property
+    def writing(self) -> int:
+        """Outcomes being written now (taken by a write or a claim, not settled yet)."""
+        return self.waiting - len(self._queue)
+
     def take(self) -> Taken:
         """The waiting outcomes (at most a batch) for a claim to record; the claim settles
         them."""

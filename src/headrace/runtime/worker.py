@@ -292,7 +292,7 @@ class Worker:
                 free,
                 kinds,
                 within,
-                alone=not (self._running or self._queued),
+                alone=self._idle(completions),
                 memory=memory,
                 ahead=ahead,
             )
@@ -426,7 +426,13 @@ class Worker:
 
     def _draining(self) -> bool:
         """A task that must run alone waits for this worker: it lets what it holds finish."""
-        return self._solo_waiting and bool(self._running or self._queued)
+        return self._solo_waiting and not self._idle(self._completions())
+
+    def _idle(self, completions: Completions) -> bool:
+        """Nothing runs or waits to run here, and no outcome is being written apart from the
+        claim about to carry the waiting ones: a task claimed now runs alone, and if it kills
+        the process, the store finds no other task of this worker still running."""
+        return not (self._running or self._queued or completions.writing)
 
     def _room(self) -> bool:
         """A free slot (or, with tasks claimed ahead, fewer than half of them still waiting),
@@ -507,7 +513,7 @@ class Worker:
                 if registry is self._running:
                     self._start_queued()
                 self._charge()
-            if freed_now or (recorded and self._backlog):
+            if freed_now or (recorded and (self._backlog or self._solo_waiting)):
                 self._wake.set()  # a slot, or room for more outcomes
 
         task.add_done_callback(done)
