@@ -30,6 +30,12 @@ class Rule:
     pattern: re.Pattern[str]
     replacement: str
     credential: bool
+    # What every match of `pattern` holds (a character it cannot do without): a text without
+    # it is not searched, so a plain ref costs a scan for a few characters, not the rules.
+    needs: re.Pattern[str] | None = None
+
+    def may_match(self, text: str) -> bool:
+        return self.needs is None or self.needs.search(text) is not None
 
     def describe(self, match: re.Match[str]) -> str:
         name = match.groupdict().get("name")
@@ -51,6 +57,7 @@ RULES: tuple[Rule, ...] = (
         re.compile(r"\b([a-z][a-z0-9+.-]{0,30}://)[^\s/@?#\"']+@", re.IGNORECASE),
         r"\1[redacted]@",
         credential=True,
+        needs=re.compile("@"),
     ),
     # Signed URLs carry their credential in the query string: keep scheme, host and path only.
     Rule(
@@ -58,12 +65,14 @@ RULES: tuple[Rule, ...] = (
         re.compile(r"(\bhttps?://[^\s?#\"']+)\?[^\s\"']*", re.IGNORECASE),
         r"\1?[redacted]",
         credential=False,
+        needs=re.compile(r"\?"),
     ),
     Rule(
         "a {name} token",
         re.compile(r"\b(?P<name>bearer|basic)\s+[A-Za-z0-9._~+/=-]+", re.IGNORECASE),
         r"\g<name> [redacted]",
         credential=True,
+        needs=re.compile(r"\s"),
     ),
     # `name=value`, `name: value`, and JSON or Python dicts (`"name": "value"`)
     Rule(
@@ -74,12 +83,14 @@ RULES: tuple[Rule, ...] = (
         ),
         r"\g<name>\2[redacted]",
         credential=True,
+        needs=re.compile("[=:]"),
     ),
     Rule(
         "an API key",
         re.compile(r"\b(sk|pk|key)-[A-Za-z0-9_-]{8,}\b"),
         "[redacted-key]",
         credential=False,
+        needs=re.compile("-"),
     ),
 )
 _WORD = re.compile(r"\S+")
@@ -90,7 +101,9 @@ def redact(text: str, *, limit: int | None = MAX_MESSAGE) -> str:
     """`text` with credentials, signed-URL queries and tokens removed, in plain or
     percent-encoded form, cut to `limit` characters (None: keep the length, e.g. for a
     traceback in a log)."""
-    text = _WORD.sub(_redact_escaped, _apply(text))
+    text = _apply(text)
+    if "%" in text:  # only a percent escape can hide more (`_redact_escaped`)
+        text = _WORD.sub(_redact_escaped, text)
     if limit is not None and len(text) > limit:
         text = text[: limit - 1] + "…"
     return text
@@ -101,7 +114,7 @@ def credential_in(text: str) -> str | None:
     percent-encoded form; None when it carries none. The description never holds the secret."""
     for form in (text, *_decodings(text)):
         for rule in RULES:
-            match = rule.pattern.search(form) if rule.credential else None
+            match = rule.pattern.search(form) if rule.credential and rule.may_match(form) else None
             if match is not None:
                 return rule.describe(match)
     return None
@@ -109,7 +122,8 @@ def credential_in(text: str) -> str | None:
 
 def _apply(text: str) -> str:
     for rule in RULES:
-        text = rule.pattern.sub(rule.replacement, text)
+        if rule.may_match(text):
+            text = rule.pattern.sub(rule.replacement, text)
     return text
 
 
