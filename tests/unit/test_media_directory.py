@@ -1,5 +1,5 @@
 """The directory media backend: a write whose directory another attempt's sweep removes
-meanwhile makes it again."""
+meanwhile makes it again, and a listing walking a directory the sweep removes leaves it out."""
 
 from __future__ import annotations
 
@@ -53,3 +53,30 @@ async def test_a_conditional_write_makes_its_directory_again_after_a_sweep(
     assert removed
     assert not await backend.create("derived/m1/derive.v1/manifest.json", b"{}")
     assert await backend.read("derived/m1/derive.v1/manifest.json") == b"{}"
+
+
+async def test_a_listing_leaves_out_a_directory_a_sweep_removes_while_it_walks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = DirectoryBackend(tmp_path / "media")
+    made = tmp_path / "made"
+    made.write_bytes(b"x")
+    for attempt in ("attempt-a", "attempt-b"):
+        await backend.put_file(f"derived/m1/derive.v1/{attempt}/preview.webp", made)
+    await backend.put_file("derived/m1/derive.v1/manifest.json", made)
+    scandir = os.scandir
+    removed: list[str] = []
+
+    def racing(path: Any) -> Any:
+        if not isinstance(path, int) and Path(path).name == "attempt-b" and not removed:
+            removed.append(str(path))
+            shutil.rmtree(path)  # the sweep of the attempt that won, just before the walk
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", racing)  # os.walk calls os.scandir
+    keys = await backend.keys("derived/m1/derive.v1")
+    assert removed
+    assert keys == [
+        "derived/m1/derive.v1/attempt-a/preview.webp",
+        "derived/m1/derive.v1/manifest.json",
+    ]

@@ -84,9 +84,14 @@ class DirectoryBackend:
         return LocalFile(path) if await off_loop(path.is_file) else None
 
     def _keys(self, prefix: str) -> list[str]:
-        found = self.path(prefix)
-        files = (path for path in found.rglob("*") if path.is_file()) if found.is_dir() else ()
-        return sorted(path.relative_to(self.root).as_posix() for path in files)
+        """The files under `prefix`. A directory that another attempt's sweep removes while
+        the listing walks is left out of it rather than failing it (`os.walk` passes over a
+        directory it can no longer read), as an object store's listing would."""
+        keys: list[str] = []
+        for folder, _, names in os.walk(self.path(prefix)):
+            base = Path(folder).relative_to(self.root)
+            keys.extend((base / name).as_posix() for name in names)
+        return sorted(keys)
 
 
 def _read(path: Path) -> bytes | None:
