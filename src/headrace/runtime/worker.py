@@ -586,7 +586,7 @@ class Worker:
             # Memory freed may make room for a task the last claim passed over.
             more_room = self.stats.memory_charged < freed
             claim_more = self._more and (len(self._running) < self.slots or self._low())
-            solo_next = self._solo_waiting and not (registry or self._queued)
+            solo_next = self._solo_waiting and self._idle(self._completions())
             if (
                 registry is self._polling
                 or task_id == self._solo

@@ -38,6 +38,9 @@ URL_OPTIONS = ("schema", "pool_min", "pool_max", "durable_claims", "idle_in_tran
 BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 CONFLICTS = (pgerrors.DeadlockDetected, pgerrors.SerializationFailure)
 KEY_INDEX = "tasks_key"  # a unique violation on it: another writer took a key first
+# A session lost: the link or the server went (OperationalError), or the server ended a
+# session that sat too long inside a transaction (this process stalled).
+SESSION_LOST = (psycopg.OperationalError, pgerrors.IdleInTransactionSessionTimeout)
 
 
 class PipelineDriver:
@@ -79,14 +82,16 @@ class Synced:
         self._pipeline = pipeline
 
     async def fetchone(self) -> DictRow | None:
-        if self._cursor.pgresult is None:
-            await self._pipeline.sync()
+        await self._arrived()
         return await self._cursor.fetchone()
 
     async def fetchall(self) -> list[DictRow]:
+        await self._arrived()
+        return await self._cursor.fetchall()
+
+    async def _arrived(self) -> None:
         if self._cursor.pgresult is None:
             await self._pipeline.sync()
-        return await self._cursor.fetchall()
 
 
 def adapted(params: Mapping[str, object]) -> Mapping[str, object]:
@@ -133,7 +138,7 @@ async def translated(work: Awaitable[T]) -> T:
         if exc.diag.constraint_name == KEY_INDEX:
             raise Conflict from exc
         raise StoreError(f"postgres store: {first_line(exc)}") from exc
-    except (psycopg.OperationalError, pgerrors.IdleInTransactionSessionTimeout) as exc:
+    except SESSION_LOST as exc:
         raise StoreUnavailable(f"postgres store unavailable: {first_line(exc)}") from exc
     except psycopg.Error as exc:
         raise StoreError(f"postgres store: {first_line(exc)}") from exc

@@ -57,6 +57,7 @@ from headrace.store import sql
 from headrace.store.machine import Claimed, Sweeps, Transaction, check_gates, task_row
 from headrace.store.postgres.connection import (
     QUERIES,
+    SESSION_LOST,
     Again,
     Connection,
     Dropped,
@@ -109,9 +110,6 @@ PROBE_IDLE = 10
 PROBE_INTERVAL = 5
 PROBES = 3
 GONE_AFTER = PROBE_IDLE + PROBE_INTERVAL * PROBES
-# A session lost under a transaction: the link or the server went (OperationalError), or the
-# server ended a session that sat too long inside a transaction (this process stalled).
-SESSION_LOST = (psycopg.OperationalError, pgerrors.IdleInTransactionSessionTimeout)
 # Seconds `now()` reuses the server's last answer, moved on by the host's monotonic clock.
 CLOCK_REUSE = 1.0
 # Tries of one verb that met a deadlock, a serialization failure or a racing idempotency key.
