@@ -3,8 +3,9 @@
 One file holds everything dispatch decides with: tasks, gate states and tickets, leases, fair
 queueing tags. Every verb is one transaction, and every writing verb takes the file's write lock
 first (`BEGIN IMMEDIATE`), so claims from several processes are serialised and a gate's cap and
-rate hold across all of them. The store's clock defaults to the wall clock (epoch seconds), which
-every process on the host shares.
+rate hold across all of them. Writers queue for that lock through the write turn
+(store/sqlite/turn.py), which hands it on the moment it is let go. The store's clock defaults
+to the wall clock (epoch seconds), which every process on the host shares.
 
 The connection lives on one worker thread and each verb runs there whole, so the event loop never
 waits on the database. The statements are named in `store/sql/sqlite/queries.sql`; the schema is
@@ -46,6 +47,7 @@ from headrace.store.sqlite.connection import (
     scripts,
     translated,
 )
+from headrace.store.sqlite.turn import WriteTurn
 from headrace.store.sqlite.wake import WakeChannel
 from headrace.store.types import ClaimResult, KindLimit, Lease, MemoryRoom, Outcome, Settings
 from headrace.store.verbs import PruneVerbs, RecordVerbs, TransactionVerbs, kinds_list
@@ -89,6 +91,7 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         self._woken = asyncio.Event()  # ... and passed on to waiters by the event loop
         self._channel = WakeChannel(self.path, self._woken.set)  # ... to and from other processes
         self._checkpointer: Checkpointer | None = None
+        self._turn = WriteTurn(self.path, busy_timeout)  # writers of every process queue here
 
     @classmethod
     def from_url(
@@ -141,6 +144,7 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
             await asyncio.get_running_loop().run_in_executor(executor, self._disconnect)
         finally:
             executor.shutdown(wait=True)
+            self._turn.close()
 
     async def now(self) -> float:
         return self.clock.now()
@@ -250,7 +254,13 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
             self._woke = self._woke or tx.wake
             return result
 
-        return in_transaction(connection, self._queries, begin, work)
+        if begin != "begin_write":
+            return in_transaction(connection, self._queries, begin, work)
+        self._turn.acquire()  # before BEGIN IMMEDIATE: no busy wait between this host's writers
+        try:
+            return in_transaction(connection, self._queries, begin, work)
+        finally:
+            self._turn.release()
 
     def _connect(self) -> None:
         if self._connection is not None:
