@@ -334,8 +334,10 @@ ROLLBACK TO SAVEPOINT outcome;
 RELEASE SAVEPOINT outcome;
 
 -- name: expired_leases
--- Running tasks whose lease ran out, in id order.
-SELECT * FROM tasks WHERE state = 'running' AND lease_until <= :now ORDER BY id;
+-- Running tasks whose lease ran out, in id order (through the running tasks' index: by id order the planner would read every task ever kept).
+SELECT * FROM tasks INDEXED BY tasks_running_lease
+WHERE state = 'running' AND lease_until <= :now
+ORDER BY id;
 
 -- name: aging_candidates
 -- Ready tasks below the ceiling that may have waited an aging step (aged_tier decides).
@@ -432,8 +434,9 @@ SELECT id, state FROM tasks WHERE id IN (SELECT value FROM json_each(:ids)) ORDE
 SELECT json_array_length(:keys) AS n;
 
 -- name: task_ids_by_keys
--- The tasks idempotency keys name, with the digests of the payloads they were submitted with.
-SELECT id, key, payload_digest FROM tasks WHERE key IN (SELECT value FROM json_each(:keys));
+-- The tasks idempotency keys name, with the digests of the payloads they were submitted with (a key is never empty: saying so lets the keys' partial index serve it).
+SELECT id, key, payload_digest FROM tasks
+WHERE key IN (SELECT value FROM json_each(:keys)) AND key <> '';
 
 -- name: meta_values
 -- The store-wide numbers: the fair-queueing virtual time and the dispatch count.
