@@ -302,7 +302,9 @@ async def test_a_refused_stamp_abandons_the_attempt_before_its_call() -> None:
     assert calls == [] and stats.leases_lost == 1
 
 
-async def test_each_outcome_is_one_info_line(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_retry_is_an_info_line_a_success_a_debug_one_and_the_end_a_progress_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     app = hr.App("memory://")
 
     @app.task(max_attempts=2)
@@ -312,12 +314,18 @@ async def test_each_outcome_is_one_info_line(caplog: pytest.LogCaptureFixture) -
 
     async with app:
         await flaky.submit("a")
-        with caplog.at_level(logging.INFO, logger="headrace"):
-            await hr.Worker(app, seed=1).drain()
-    lines = [r.getMessage() for r in caplog.records if r.name == "headrace.worker"]
-    assert len(lines) == 2
-    assert lines[0].startswith("task 1 flaky a attempt 1: blip (transient), retry in")
-    assert lines[1].startswith("task 1 flaky a: succeeded in") and "(attempt 2)" in lines[1]
+        with caplog.at_level(logging.DEBUG, logger="headrace"):
+            worker = hr.Worker(app, seed=1, name="w1")
+            await worker.drain()
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "headrace.worker"]
+    assert len(lines) == 3
+    assert lines[0][0] == logging.INFO
+    assert lines[0][1].startswith("task 1 flaky a attempt 1: blip (transient), retry in")
+    assert lines[1][0] == logging.DEBUG
+    assert lines[1][1].startswith("task 1 flaky a: succeeded in") and "(attempt 2)" in lines[1][1]
+    assert lines[2][0] == logging.INFO
+    assert lines[2][1].startswith("worker w1: 2 tasks in its last ")
+    assert lines[2][1].endswith(": 1 succeeded, 1 retried; 0 running")
 
 
 async def test_a_cancel_hook_that_fails_leaves_the_job_checked_on() -> None:

@@ -28,8 +28,12 @@ def refused(error: ConfigError) -> Dead:
 
 
 def level(outcome: Outcome) -> int:
+    """A success is a DEBUG line (the worker's progress line counts them: runtime/progress.py);
+    a retry, a dead task and a remote wait are INFO; a failed remote check is a WARNING."""
     if isinstance(outcome, PollAgain):
         return logging.WARNING if outcome.code else logging.DEBUG
+    if isinstance(outcome, Succeeded):
+        return logging.DEBUG
     return logging.INFO
 
 

@@ -45,6 +45,7 @@ from headrace.runtime.completions import Completions
 from headrace.runtime.context import Context
 from headrace.runtime.memory import DEFAULT_MEMORY, WorkerMemory
 from headrace.runtime.prefetch import Prefetch
+from headrace.runtime.progress import DEFAULT_EVERY, Progress
 from headrace.runtime.pruner import Pruner
 from headrace.runtime.results import RemoteWait, Result
 from headrace.store.dispatch import earliest
@@ -72,7 +73,7 @@ OUTAGE_PAUSE = 0.25
 OUTAGE_PAUSE_MAX = 5.0
 BACKOFFS_KEPT = 64  # never spin when the store's next event is "now"
 DEFAULT_SLOTS = 4
-PREFETCH_PER_SLOT = 4  # the default most tasks claimed ahead, per slot
+PREFETCH_PER_SLOT = 8  # the default most tasks claimed ahead, per slot
 PRUNE_CHECKS = 4  # looks per `retention.every` for a due run
 PRUNE_CHECK_MIN = 1.0  # seconds
 
@@ -105,7 +106,7 @@ class Worker:
     drain), prune the store when a run is due by the app's retention (runtime/pruner.py).
 
     `prefetch`: the most tasks the worker claims ahead of its slots, to start the moment a
-    slot frees, without a round trip to the store (default: 4 per slot; 0: none). Only tasks
+    slot frees, without a round trip to the store (default: 8 per slot; 0: none). Only tasks
     that pass no gate, charge no memory and need not run alone are claimed ahead
     (`dispatch.may_wait`), only while there is a backlog, and only as many as the slots
     finish while a claim is on its way (runtime/prefetch.py): short tasks are claimed ahead,
@@ -131,6 +132,7 @@ class Worker:
         memory: int | str | None = DEFAULT_MEMORY,
         prune: bool = True,
         prefetch: int | None = None,
+        report_every: Duration | None = DEFAULT_EVERY,
     ) -> None:
         if slots is not None and (isinstance(slots, bool) or slots < 1):
             raise ConfigError(f"worker.slots: expected a positive integer, got {slots!r}")
@@ -160,6 +162,19 @@ class Worker:
         )
         self.rng = random.Random(seed)
         self.stats = WorkerStats(memory_budget=self.memory.budget)
+        # Seconds between progress lines (None: none); a success is a DEBUG line of its own.
+        self.report_every = (
+            None
+            if report_every is None
+            else positive_seconds(report_every, field="worker.report_every")
+        )
+        self.progress = Progress(
+            self.name,
+            self.stats,
+            self.report_every or DEFAULT_EVERY,
+            busy=lambda: (len(self._running), len(self._queued)),
+            log=log,
+        )
         self._running: dict[int, asyncio.Task[None]] = {}
         self._polling: dict[int, asyncio.Task[None]] = {}
         self._recording: dict[int, asyncio.Task[None]] = {}  # outcomes being written, no slot
@@ -213,6 +228,9 @@ class Worker:
         helpers = [asyncio.create_task(self._renew_forever(), name=f"{self.name}:renew")]
         if not until_idle and self.prune:
             helpers.append(asyncio.create_task(self._prune_forever(), name=f"{self.name}:prune"))
+        if self.report_every is not None:
+            self.progress.start()
+            helpers.append(asyncio.create_task(self._report_forever(), name=f"{self.name}:report"))
         try:
             await self._loop(until_idle)
         finally:
@@ -224,6 +242,15 @@ class Worker:
                 helper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await helper
+            if self.report_every is not None:
+                self.progress.report(final=True)
+
+    async def _report_forever(self) -> None:
+        """A progress line every `report_every` seconds in which a task ended here."""
+        assert self.report_every is not None
+        while True:
+            await asyncio.sleep(self.report_every)
+            self.progress.report()
 
     async def _prune_forever(self) -> None:
         """Prune when a run is due: checked at the start and four times per `every`, so the

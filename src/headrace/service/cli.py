@@ -346,7 +346,7 @@ def demo_moderation(
     "--prefetch",
     type=click.IntRange(0, 65536),
     help="Most tasks claimed ahead of the slots while there is a backlog, only tasks that pass "
-    "no gate and charge no memory [default: 4 per slot; 0 with cost classes].",
+    "no gate and charge no memory [default: 8 per slot; 0 with cost classes].",
 )
 @click.option(
     "--class",
@@ -367,6 +367,13 @@ def demo_moderation(
 @click.option("--grace", default="30s", show_default=True, help="Shutdown wait for handlers.")
 @click.option("--timeout", help="Time limit of an attempt whose stage sets none (default: none).")
 @click.option("--name", help="Worker name in leases and attempt history.")
+@click.option(
+    "--report-every",
+    default="10s",
+    show_default=True,
+    help="How often to log a progress line (tasks ended, by outcome); 0: never. Each success "
+    "is a DEBUG line (-v).",
+)
 @memory_option
 @retention_option
 @click.pass_context
@@ -384,6 +391,7 @@ def worker(
     grace: str,
     timeout: str | None,
     name: str | None,
+    report_every: str,
     memory: int | None,
     retention: tuple[str, ...],
 ) -> None:
@@ -404,8 +412,15 @@ def worker(
         grace=_duration(grace, "--grace"),
         timeout=None if timeout is None else _duration(timeout, "--timeout"),
         memory=memory,
+        report_every=_every(report_every),
     )
     asyncio.run(_serve(runner, target))
+
+
+def _every(given: str) -> float | None:
+    """`--report-every`: a duration, or 0 for no progress lines."""
+    every = _duration(given, "--report-every")
+    return every if every > 0 else None
 
 
 def _class_slots(given: tuple[str, ...]) -> dict[str, int] | None:
