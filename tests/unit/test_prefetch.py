@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 import headrace as hr
-from headrace.policy.errors import ConfigError
+from headrace.policy.errors import ConfigError, HeadraceError
 from headrace.runtime.prefetch import Prefetch
 from headrace.store.memory import MemoryStore
-from headrace.store.types import AttemptOutcome, ClaimResult, TaskState
+from headrace.store.types import AttemptOutcome, ClaimResult, Lease, Outcome, TaskState
 
 pytestmark = pytest.mark.anyio
 
@@ -87,13 +88,29 @@ class SlowClaims(MemoryStore):
     def __init__(self) -> None:
         super().__init__()
         self.claims = 0
+        self.carrying = 0  # claims that recorded outcomes too
+        self.alone = 0
+        self.claiming = False
         self.asked_ahead: list[int] = []
 
     async def claim(self, *args: Any, **kwargs: Any) -> ClaimResult:
         self.claims += 1
         self.asked_ahead.append(int(kwargs.get("ahead", 0)))
+        self.carrying += bool(kwargs.get("finished"))
         await asyncio.sleep(CLAIM)
-        return await super().claim(*args, **kwargs)
+        self.claiming = True  # the memory store records a claim's outcomes with finish_many
+        try:
+            return await super().claim(*args, **kwargs)
+        finally:
+            self.claiming = False
+
+    async def finish_many(
+        self, finished: Sequence[tuple[Lease, Outcome]]
+    ) -> list[HeadraceError | None]:
+        if not self.claiming:
+            self.alone += 1  # outcomes written in a transaction of their own
+            await asyncio.sleep(CLAIM)
+        return await super().finish_many(finished)
 
 
 async def test_a_worker_claims_short_tasks_ahead_and_runs_each_once_in_order() -> None:
@@ -115,6 +132,24 @@ async def test_a_worker_claims_short_tasks_ahead_and_runs_each_once_in_order() -
     assert stats.claimed_ahead > 100
     assert max(store.asked_ahead) == 16  # 8 per slot
     assert store.claims < 60  # two slots a claim would take 100
+
+
+async def test_the_outcomes_of_short_tasks_ride_the_claims_that_refill_their_slots() -> None:
+    """Tasks shorter than the wake-up that sends the next claim empty the queue first: their
+    outcomes wait for that claim rather than going in a transaction of their own beside it."""
+    store = SlowClaims()
+    app = hr.App("memory://", store=store)
+
+    @app.task()
+    async def short(ctx: hr.Context, ref: str) -> None:
+        return None
+
+    async with app:
+        await app.submit([short.spec(f"t{i:04}") for i in range(2000)])
+        stats = await hr.Worker(app, slots=16).drain()
+    assert stats.succeeded == 2000
+    assert store.carrying >= store.claims - 3
+    assert store.alone <= 3  # the last outcomes, once no claim comes
 
 
 async def test_gated_tasks_are_never_claimed_ahead() -> None:

@@ -488,10 +488,14 @@ class Worker:
         written at once, beside the claim rather than inside it, so the two overlap. While
         tasks claimed ahead wait, a claim comes once they run low: outcomes wait for it too (as
         many as the worker may hold), so a round is one transaction; so do those that end
-        while such a claim is on its way (the next one takes them)."""
+        while such a claim is on its way (the next one takes them), and those that end once
+        the last of them ran but before the loop, woken for that claim, sent it (short tasks
+        empty the queue in fewer loop turns than the wake-up takes: written on their own, 129
+        of 145 rounds of a 20,000-task drain were two transactions)."""
         if self._stopping or self._outage or self._draining():
             return False
-        if (self._queued or self._claiming) and self._more and self.prefetch.ahead:
+        coming = self._queued or self._claiming or self._wake.is_set()
+        if coming and self._more and self.prefetch.ahead:
             return self._completions().waiting <= self._outcomes_held()
         if not self._running:
             return False
