@@ -114,6 +114,8 @@ GONE_AFTER = PROBE_IDLE + PROBE_INTERVAL * PROBES
 CLOCK_REUSE = 1.0
 # Tries of one verb that met a deadlock, a serialization failure or a racing idempotency key.
 CONFLICT_TRIES = 5
+BEGIN = "BEGIN"
+COMMIT = "COMMIT"
 
 
 class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
@@ -381,11 +383,18 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
             committing = False
             try:
                 # Pipeline mode: statements whose results are not read go with the next read.
-                async with conn.pipeline() as pipeline, conn.transaction():
+                # The transaction is framed here rather than by `conn.transaction()`, which in
+                # a pipeline waits for its BEGIN and syncs twice around its COMMIT: BEGIN goes
+                # with the first statement, COMMIT with the pipeline's last Sync. A verb that
+                # fails or is cancelled leaves it open: the pool's connection context rolls it
+                # back as it takes the connection back.
+                async with conn.pipeline() as pipeline:
+                    await conn.execute(BEGIN)
                     driver = PipelineDriver(conn, self._queries, pipeline)
                     tx = Transaction(driver, self._configs, self.settings, self.clock)
                     result = await self._run_verb(tx, verb, read, clock_first)
                     committing = True
+                    await conn.execute(COMMIT)
             except SESSION_LOST as exc:
                 if conn.broken and not committing:  # lost before the commit: nothing written
                     raise Dropped from exc
