@@ -21,7 +21,7 @@ class Clock:
 def test_a_line_counts_what_ended_since_the_last_one(caplog: pytest.LogCaptureFixture) -> None:
     stats, clock = WorkerStats(), Clock()
     log = logging.getLogger("headrace.worker")
-    progress = Progress("w1", stats, 10.0, busy=lambda: (16, 40), log=log, clock=clock)
+    progress = Progress("w1", stats, busy=lambda: (16, 40), log=log, clock=clock)
     stats.succeeded = 7  # before the worker started serving: not reported
     progress.start()
     caplog.set_level(logging.INFO, logger="headrace.worker")
@@ -42,7 +42,7 @@ def test_a_line_counts_what_ended_since_the_last_one(caplog: pytest.LogCaptureFi
 def test_nothing_ended_says_nothing(caplog: pytest.LogCaptureFixture) -> None:
     stats, clock = WorkerStats(), Clock()
     log = logging.getLogger("headrace.worker")
-    progress = Progress("w1", stats, 10.0, busy=lambda: (0, 0), log=log, clock=clock)
+    progress = Progress("w1", stats, busy=lambda: (0, 0), log=log, clock=clock)
     progress.start()
     caplog.set_level(logging.INFO, logger="headrace.worker")
     clock.now += 10
@@ -60,7 +60,7 @@ def test_below_info_nothing_is_built() -> None:
     stats, clock = WorkerStats(succeeded=3), Clock()
     log = logging.getLogger("headrace.test_progress_quiet")
     log.setLevel(logging.WARNING)
-    progress = Progress("w1", stats, 10.0, busy=lambda: (0, 0), log=log, clock=clock)
+    progress = Progress("w1", stats, busy=lambda: (0, 0), log=log, clock=clock)
     progress.start()
     stats.succeeded = 9
     assert progress.report() is None

@@ -16,18 +16,24 @@ from headrace.policy.errors import StoreError
 from headrace.store.sqlite.turn import WriteTurn, turn_path
 
 
-def test_a_waiting_writer_gets_the_turn_when_it_is_let_go(tmp_path: Path) -> None:
-    database = tmp_path / "h.db"
-    first, second = WriteTurn(database, 5.0), WriteTurn(database, 5.0)
-    first.acquire()
+def acquiring(turn: WriteTurn) -> tuple[threading.Thread, threading.Event]:
+    """A thread taking `turn`, started, and the event it sets once it has it."""
     got = threading.Event()
 
     def wait() -> None:
-        second.acquire()
+        turn.acquire()
         got.set()
 
     waiter = threading.Thread(target=wait)
     waiter.start()
+    return waiter, got
+
+
+def test_a_waiting_writer_gets_the_turn_when_it_is_let_go(tmp_path: Path) -> None:
+    database = tmp_path / "h.db"
+    first, second = WriteTurn(database, 5.0), WriteTurn(database, 5.0)
+    first.acquire()
+    waiter, got = acquiring(second)
     assert not got.wait(0.1)  # held by the first
     first.release()
     waiter.join(5.0)
@@ -75,14 +81,7 @@ def test_the_turn_is_free_once_its_holders_process_ends(tmp_path: Path) -> None:
         try:
             assert process.stdout is not None and process.stdout.readline() == "held\n"
             turn = WriteTurn(database, 10.0)
-            got = threading.Event()
-
-            def wait() -> None:
-                turn.acquire()
-                got.set()
-
-            waiter = threading.Thread(target=wait)
-            waiter.start()
+            waiter, got = acquiring(turn)
             assert not got.wait(0.1)
             process.kill()
             waiter.join(10.0)

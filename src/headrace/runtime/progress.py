@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -45,34 +45,28 @@ class Ended:
 
     def since(self, before: Ended) -> Ended:
         return Ended(
-            self.succeeded - before.succeeded,
-            self.retried - before.retried,
-            self.dead - before.dead,
-            self.remote_waits - before.remote_waits,
-            self.leases_lost - before.leases_lost,
+            *(now - then for now, then in zip(astuple(self), astuple(before), strict=True))
         )
 
     @property
     def total(self) -> int:
-        return self.succeeded + self.retried + self.dead + self.remote_waits + self.leases_lost
+        return sum(astuple(self))
 
 
 class Progress:
-    """Reports `stats` every `every` seconds (`report()`, called by the worker's timer) and once
-    more at the end (`report(final=True)`); `busy()` says what runs now. `clock`: the event
-    loop's (virtual under headrace.sim), read from `start()` on."""
+    """Reports `stats` when the worker's timer says (`report()`) and once more at the end
+    (`report(final=True)`); `busy()` says what runs now. `clock`: the event loop's (virtual
+    under headrace.sim), read from `start()` on."""
 
     def __init__(
         self,
         worker: str,
         stats: WorkerStats,
-        every: float,
         busy: Callable[[], tuple[int, int]],
         log: logging.Logger,
         clock: Callable[[], float] = _loop_time,
     ) -> None:
         self.worker = worker
-        self.every = every
         self._stats = stats
         self._busy = busy
         self._log = log

@@ -169,11 +169,7 @@ class Worker:
             else positive_seconds(report_every, field="worker.report_every")
         )
         self.progress = Progress(
-            self.name,
-            self.stats,
-            self.report_every or DEFAULT_EVERY,
-            busy=lambda: (len(self._running), len(self._queued)),
-            log=log,
+            self.name, self.stats, busy=lambda: (len(self._running), len(self._queued)), log=log
         )
         self._running: dict[int, asyncio.Task[None]] = {}
         self._polling: dict[int, asyncio.Task[None]] = {}

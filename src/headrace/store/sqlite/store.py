@@ -209,7 +209,7 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         self, verb: Callable[[Transaction], Awaitable[T]], *, clock_first: bool = True
     ) -> T:
         """Every write reads the clock first: it holds the file's write lock from its start."""
-        result = await self._in_thread(lambda: self._transact("begin_write", verb))
+        result = await self._in_thread(lambda: self._transact_write(verb))
         if self._woke:  # committed: idle workers may claim, in this process and others
             self._woke = False
             self._woken.set()
@@ -236,6 +236,10 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
             raise StoreError(f"{self!r} is not open: await store.open(settings) first")
         return await asyncio.get_running_loop().run_in_executor(self._executor, work)
 
+    def _transact_write(self, verb: Callable[[Transaction], Awaitable[T]]) -> T:
+        with self._turn:  # before BEGIN IMMEDIATE: no busy wait between this host's writers
+            return self._transact("begin_write", verb)
+
     def _transact(self, begin: str, verb: Callable[[Transaction], Awaitable[T]]) -> T:
         connection = self._connection
         if connection is None:
@@ -254,13 +258,7 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
             self._woke = self._woke or tx.wake
             return result
 
-        if begin != "begin_write":
-            return in_transaction(connection, self._queries, begin, work)
-        self._turn.acquire()  # before BEGIN IMMEDIATE: no busy wait between this host's writers
-        try:
-            return in_transaction(connection, self._queries, begin, work)
-        finally:
-            self._turn.release()
+        return in_transaction(connection, self._queries, begin, work)
 
     def _connect(self) -> None:
         if self._connection is not None:

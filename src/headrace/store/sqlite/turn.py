@@ -83,6 +83,13 @@ class WriteTurn:
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
+    def __enter__(self) -> WriteTurn:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
     def close(self) -> None:
         """Close the lock file; a wait still blocked keeps it open until it ends."""
         waits, self._waits = self._waits, None
