@@ -19,6 +19,7 @@ from psycopg import sql
 
 from headrace.policy import GateConfig, Tier
 from headrace.policy.errors import KeyConflict
+from headrace.store.machine.claim import first_batch
 from headrace.store.memory import MemoryStore
 from headrace.store.postgres import PostgresStore
 from headrace.store.types import NewTask, Settings, Sibling, Succeeded, TaskState
@@ -276,14 +277,14 @@ async def test_a_claim_reads_past_a_batch_another_transaction_holds(
     next batch instead of giving up (or failing)."""
     store = stores[0]
     subs = await store.submit([NewTask("shot", f"t{i:02d}") for i in range(30)])
-    first_batch = 2 * 1 + 8  # rounds(): the first batch is just big enough for the limit
+    size = first_batch(1)  # rounds(): the first batch is just big enough for the limit
     async with await psycopg.AsyncConnection.connect(store.dsn) as other:
         await other.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(store.schema)))
-        ids = [s.id for s in subs[:first_batch]]
+        ids = [s.id for s in subs[:size]]
         await other.execute("SELECT id FROM tasks WHERE id = ANY(%s) FOR UPDATE", [ids])
         claimed = await store.claim("w", 1, lease_for=30.0)
         await other.rollback()
-    assert [lease.task.ref for lease in claimed.leases] == [f"t{first_batch:02d}"]
+    assert [lease.task.ref for lease in claimed.leases] == [f"t{size:02d}"]
 
 
 async def test_a_list_of_records_never_gains_one_before_what_it_has_shown(

@@ -5,6 +5,7 @@ prepares against the schema. Needs the test server (skips without it, fails when
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -84,7 +85,7 @@ def anyio_backend() -> tuple[str, dict[str, Any]]:
 def schemas() -> Iterator[list[str]]:
     """Fresh schema names for a test; dropped after it."""
     dsn = postgres_reachable()
-    made = [f"headrace_schema_t{next(_names)}_{i}" for i in range(3)]
+    made = [f"headrace_schema_{os.getpid()}_t{next(_names)}_{i}" for i in range(3)]
     drop_schemas(made)
     yield made
     assert dsn
@@ -274,6 +275,48 @@ async def check_prepares(conn: Connection, query: sql.Query, number: int, schema
         schema=pgsql.Identifier(schema), channel=pgsql.Identifier(schema)
     )
     await conn.execute(statement)
+
+
+async def test_no_generic_plan_unnests_a_parameter_once_per_row(
+    conn: Connection, queries: dict[str, sql.Query], schemas: list[str]
+) -> None:
+    """The store's sessions run generic plans (a claim forces them; psycopg prepares what
+    repeats), made without the arrays' sizes. No statement's plan may unnest a parameter on the
+    inner side of a nested loop, where it is unnested again for every outer row: closing a
+    batch's attempts by a join with its (id, number) pairs cost the square of the batch. A
+    row's own array (a task's gates) may be unnested per row."""
+    await migrate(conn, queries, schemas[0])
+    await conn.execute("SELECT set_config('search_path', quote_ident(%s), false)", [schemas[0]])
+    await conn.execute("SET enable_seqscan = off")  # as the store's sessions run
+    await conn.execute("SET plan_cache_mode = force_generic_plan")
+    await conn.execute("SET headrace.now = '0'")  # a claim's time, which its statements read
+    nested: list[str] = []
+    for number, query in enumerate(queries.values()):
+        text, count = placeholders_to_numbers(query.text)
+        if not count or not re.match(r"(SELECT|INSERT|UPDATE|DELETE|WITH)\b", text):
+            continue
+        async with conn.transaction(force_rollback=True):
+            await conn.execute(f"PREPARE plan_{number} AS {text}")
+            nulls = ", ".join(["NULL"] * count)
+            found = await (
+                await conn.execute(f"EXPLAIN (VERBOSE, FORMAT JSON) EXECUTE plan_{number}({nulls})")
+            ).fetchone()
+            assert found is not None
+            plan = next(iter(found.values()))[0]["Plan"]
+            nested += [f"{query.name}: {call}" for call in _unnested_per_row(plan, inner=False)]
+    assert nested == []
+
+
+def _unnested_per_row(node: dict[str, Any], *, inner: bool) -> Iterator[str]:
+    """Calls unnesting a parameter (`$n`) on the inner side of a nested loop, in `node`."""
+    call = str(node.get("Function Call", ""))
+    if inner and node.get("Node Type") == "Function Scan" and "$" in call:
+        yield call
+    for child in node.get("Plans", []):
+        rescanned = inner or (
+            node.get("Node Type") == "Nested Loop" and child.get("Parent Relationship") == "Inner"
+        )
+        yield from _unnested_per_row(child, inner=rescanned)
 
 
 def test_urls_carry_headrace_options_apart_from_libpq_ones() -> None:

@@ -6,6 +6,7 @@ fails when `CI` is set)."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -34,7 +35,7 @@ def anyio_backend() -> tuple[str, dict[str, Any]]:
 @pytest.fixture
 def schema() -> Iterator[str]:
     postgres_reachable()
-    name = f"headrace_tallies_t{next(_names)}"
+    name = f"headrace_tallies_{os.getpid()}_t{next(_names)}"
     drop_schemas([name])
     yield name
     drop_schemas([name])

@@ -354,3 +354,29 @@ async def test_tasks_stored_before_the_tallies_are_counted_by_the_upgrade(tmp_pa
         AttemptOutcome.WAITING: 1,
     }
     assert stages == [("render", 1, 0, 0, 1), ("scan", 0, 1, 1, 0)]
+
+
+def test_no_query_reads_a_parameter_array_once_per_row(
+    migrated: sqlite3.Connection, queries: dict[str, sql.Query]
+) -> None:
+    """A JSON array parameter is scanned once, not inside a loop over other rows: a join of two
+    json_each scans on their keys read the whole second array for every element of the first
+    (a batch of outcomes cost the square of its size). A row's own array (a task's gates) may be."""
+
+    class AnyValue(dict[str, object]):
+        def __missing__(self, key: str) -> str:
+            return "[]"
+
+    nested = []
+    statements = scripts(queries)
+    for name in sorted(statements):
+        for text in statements[name]:
+            text = text.format(version=1) if "{" in text else text
+            loops: dict[int, list[str]] = {}
+            for _, parent, _, detail in migrated.execute(f"EXPLAIN QUERY PLAN {text}", AnyValue()):
+                if str(detail).startswith(("SCAN ", "SEARCH ")):
+                    loops.setdefault(parent, []).append(str(detail))
+            arrays = set(re.findall(r"json_each\(:\w+\) AS (\w+)", text))
+            for inner in loops.values():
+                nested += [f"{name}: {d}" for d in inner[1:] if d.split()[1] in arrays]
+    assert nested == []

@@ -172,6 +172,7 @@ class Worker:
             self.name, self.stats, busy=lambda: (len(self._running), len(self._queued)), log=log
         )
         self._running: dict[int, asyncio.Task[None]] = {}
+        self._charged: dict[int, int] = {}  # running tasks' memory charges, by task id
         self._polling: dict[int, asyncio.Task[None]] = {}
         self._recording: dict[int, asyncio.Task[None]] = {}  # outcomes being written, no slot
         self._leases: dict[int, Lease] = {}
@@ -427,8 +428,9 @@ class Worker:
         return self.classes.total + (DEFAULT_SLOTS if unclassed else 0)
 
     def _charges(self) -> list[int]:
-        """What each running task is charged: a task's charge ends with its slot."""
-        return [self._leases[i].task.memory for i in self._running if i in self._leases]
+        """What each running task that declared memory is charged: a task's charge ends with
+        its slot (kept as tasks start and end, not read off every running task per task)."""
+        return list(self._charged.values())
 
     def _charge(self) -> None:
         """Count what the running tasks are charged."""
@@ -530,10 +532,14 @@ class Worker:
         self._leases[lease.task_id] = lease
         task = asyncio.create_task(body(lease), name=f"task-{lease.task_id}")
         registry[lease.task_id] = task
+        if registry is self._running and lease.task.memory:
+            self._charged[lease.task_id] = lease.task.memory
 
         def done(_: asyncio.Task[None]) -> None:
             # A slot freed now (not when its handler returned), or room for more outcomes.
             freed_now = registry.pop(lease.task_id, None) is not None
+            if registry is self._running:
+                self._charged.pop(lease.task_id, None)
             recorded = self._recording.pop(lease.task_id, None) is not None
             self._leases.pop(lease.task_id, None)
             if freed_now:
@@ -604,6 +610,8 @@ class Worker:
         """The handler is done: its slot takes new work while its outcome is written (the lease
         and the gate tickets stay held until then)."""
         task = registry.pop(task_id, None)
+        if registry is self._running:
+            self._charged.pop(task_id, None)
         if task is not None:
             self._recording[task_id] = task
             freed = self.stats.memory_charged

@@ -37,6 +37,9 @@ from headrace.store.types import (
     MemoryRoom,
 )
 
+# Candidates a claim's first batch reads past its limit and an eighth more (`first_batch`).
+FIRST_BATCH_MARGIN = 8
+
 
 @dataclass(frozen=True)
 class Claimed:
@@ -160,7 +163,7 @@ class Claiming(Outcomes):
         a run of equal (tier, tag) is never split, so `take_turns` sees each round entire. Gate
         keys in `excluded` (refused so far) are left out of later batches."""
         after: tuple[int, float, int] = (-1, 0.0, 0)
-        size = min(CLAIM_BATCH, 2 * limit + 8)
+        size = first_batch(limit)
         held: list[Candidate] = []
         while True:
             open_kinds = self._budget.open_kinds(kinds)
@@ -355,6 +358,14 @@ class Claiming(Outcomes):
             leases = [Lease(leased[i], leased[i].lease_token, until) for i in due]
         later = (await self.one("next_poll_at"))["at"]
         return ClaimResult(tuple(leases), self.now, later)
+
+
+def first_batch(limit: int) -> int:
+    """How many candidates a claim for `limit` tasks reads first: its limit and an eighth more
+    (and a few), for those a gate refuses. Each one read is locked until the claim commits,
+    whether it takes it or not: every other claim skips it meanwhile. (Twice the limit locked
+    nearly half again as many rows as it leased, and another process's claim met them.)"""
+    return min(CLAIM_BATCH, limit + limit // 8 + FIRST_BATCH_MARGIN)
 
 
 def _split_last_round(

@@ -562,10 +562,10 @@ WHERE state = 'waiting' AND run_at > %(now)s::double precision;
 -- name: renew_leases
 -- Extend leases their holders still hold (same token, not expired); lost ones return no row.
 UPDATE tasks SET lease_until = %(until)s::double precision
-FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS l (id, token)
-WHERE tasks.id = l.id AND tasks.lease_token = l.token
-  AND tasks.state IN ('running', 'waiting') AND tasks.lease_until > %(now)s::double precision
-RETURNING tasks.*;
+WHERE id = ANY(ARRAY(SELECT unnest(%(ids)s::bigint[])))  -- by key, tokens by position
+  AND lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], id)]
+  AND state IN ('running', 'waiting') AND lease_until > %(now)s::double precision
+RETURNING *;
 
 -- name: poll_again
 -- The remote job still runs (or its check failed): poll it again at run_at, by any poller.
@@ -602,15 +602,16 @@ WHERE id = %(id)s::bigint;
 
 -- name: succeed_tasks
 -- `succeed_task` for distinct held tasks at once (a dependent waiting on k of them counts k met).
-WITH done AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(numbers)s::integer[]) AS d (id, number)
-), ended AS (
+WITH ended AS (
+    -- each task's attempt found by the primary key, its number matched by position: a join
+    -- with the unnested pairs was planned (generically, ten rows guessed) as a loop unnesting
+    -- them again for every attempt, a cost that grew with the square of the batch
     UPDATE attempts AS a
     SET ended_at = %(now)s::double precision, outcome = 'succeeded', error_class = NULL,
         code = NULL, message = NULL
-    FROM done
-    WHERE a.task_id = ANY(%(ids)s::bigint[])
-      AND a.task_id = done.id AND a.number = done.number AND a.outcome IN ('running', 'waiting')
+    WHERE a.task_id = ANY(ARRAY(SELECT unnest(%(ids)s::bigint[])))
+      AND a.number = (%(numbers)s::integer[])[array_position(%(ids)s::bigint[], a.task_id)]
+      AND a.outcome IN ('running', 'waiting')
 ), returned AS (
     DELETE FROM tickets WHERE task_id = ANY(%(ids)s::bigint[])
 ), met AS (

@@ -1,7 +1,9 @@
 -- The statements of the SQLite store (store/sqlite/), by name, as store/machine/ asks for
 -- them. Parameters are named; lists come as JSON arrays, and `:now` is the transaction's time.
 -- A statement may be several, run in order: its rows are the last one's. A column named
--- "x [headrace_json]" is read as JSON, under the name x.
+-- "x [headrace_json]" is read as JSON, under the name x. Parallel arrays are read by position,
+-- the first with json_each and the others with json_extract (whose parse SQLite keeps for the
+-- statement): a join of two json_each scans on their keys reads one whole array per element.
 
 -- name: begin_write
 -- Open a write transaction holding the file's write lock from the start (no upgrade deadlocks).
@@ -348,8 +350,8 @@ WHERE state = 'ready' AND tier > :ceiling AND ready_since <= :cutoff;
 -- Raise waiting tasks' tiers by aging (parallel JSON arrays).
 UPDATE tasks SET tier = p.tier, promoted_at = :now
 FROM (
-    SELECT i.value AS id, t.value AS tier
-    FROM json_each(:ids) AS i JOIN json_each(:tiers) AS t ON t.key = i.key
+    SELECT i.value AS id, json_extract(:tiers, '$[' || i.key || ']') AS tier
+    FROM json_each(:ids) AS i
 ) AS p
 WHERE tasks.id = p.id;
 
@@ -475,8 +477,8 @@ SELECT (SELECT json_group_array(flow) FROM taken) AS "flows [headrace_json]",
 -- Create a batch of tasks (a JSON array of rows), and move their flows' finish tags.
 UPDATE flows SET finish_tag = f.finish
 FROM (
-    SELECT n.value AS flow, t.value AS finish
-    FROM json_each(:flow_names) AS n JOIN json_each(:flow_finishes) AS t ON t.key = n.key
+    SELECT n.value AS flow, json_extract(:flow_finishes, '$[' || n.key || ']') AS finish
+    FROM json_each(:flow_names) AS n
 ) AS f
 WHERE flows.flow = f.flow;
 INSERT INTO tasks (
@@ -499,7 +501,7 @@ FROM json_each(:tasks) AS t;
 -- name: insert_dependencies
 -- Make tasks wait on their dependencies (parallel JSON arrays).
 INSERT OR IGNORE INTO task_deps (dep_id, task_id)
-SELECT d.value, t.value FROM json_each(:dep_ids) AS d JOIN json_each(:task_ids) AS t ON t.key = d.key;
+SELECT d.value, json_extract(:task_ids, '$[' || d.key || ']') FROM json_each(:dep_ids) AS d;
 
 -- name: claim_start
 -- A claim's time, the counters and the earliest future run_at of a ready task.
@@ -578,8 +580,8 @@ WHERE name IN ('dispatches', 'virtual_time');
 UPDATE flows
 SET served = f.served - :base + (SELECT value FROM meta WHERE name = 'dispatches')
 FROM (
-    SELECT n.value AS flow, s.value AS served
-    FROM json_each(:flows) AS n JOIN json_each(:served) AS s ON s.key = n.key
+    SELECT n.value AS flow, json_extract(:served, '$[' || n.key || ']') AS served
+    FROM json_each(:flows) AS n
 ) AS f
 WHERE flows.flow = f.flow;
 SELECT * FROM tasks WHERE id IN (SELECT value FROM json_each(:ids));
@@ -594,8 +596,8 @@ RETURNING *;
 -- Extend leases their holders still hold (same token, not expired); lost ones return no row.
 UPDATE tasks SET lease_until = :until
 FROM (
-    SELECT i.value AS id, t.value AS token
-    FROM json_each(:ids) AS i JOIN json_each(:tokens) AS t ON t.key = i.key
+    SELECT i.value AS id, json_extract(:tokens, '$[' || i.key || ']') AS token
+    FROM json_each(:ids) AS i
 ) AS l
 WHERE tasks.id = l.id AND tasks.lease_token = l.token
   AND tasks.state IN ('running', 'waiting') AND tasks.lease_until > :now
@@ -621,8 +623,8 @@ WHERE id = :id;
 UPDATE attempts
 SET ended_at = :now, outcome = 'succeeded', error_class = NULL, code = NULL, message = NULL
 FROM (
-    SELECT i.value AS id, n.value AS number
-    FROM json_each(:ids) AS i JOIN json_each(:numbers) AS n ON n.key = i.key
+    SELECT i.value AS id, json_extract(:numbers, '$[' || i.key || ']') AS number
+    FROM json_each(:ids) AS i
 ) AS done
 WHERE attempts.task_id = done.id AND attempts.number = done.number
   AND attempts.outcome IN ('running', 'waiting');
@@ -655,8 +657,8 @@ RETURNING *;
 -- name: number_records
 -- The records a transaction made or moved, as numbered: the file's single writer commits seqs in the order they are taken.
 SELECT r.kind, r.id, r.seq
-FROM json_each(:kinds) AS k JOIN json_each(:ids) AS i ON i.key = k.key
-JOIN records AS r ON r.kind = k.value AND r.id = i.value;
+FROM json_each(:kinds) AS k
+JOIN records AS r ON r.kind = k.value AND r.id = json_extract(:ids, '$[' || k.key || ']');
 
 -- name: record_by_id
 -- One record.
