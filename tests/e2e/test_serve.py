@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from headrace.pipelines.moderation import samples
+from headrace.store.sqlite.wake import DIRECTORY_SUFFIX
 from tests.objectstore import CREDENTIALS, ENDPOINT, fresh_bucket, keys_in, media_url, reachable
 
 from .commands import ROOT, environment, failure_line, headrace
@@ -192,7 +193,10 @@ def test_media_in_a_bucket_is_served_by_redirect_and_by_stream(tmp_path: Path) -
     assert sum(1 for key in kept if key.startswith("media/blobs/")) == len(uploads)
     assert sum(1 for key in kept if key.endswith("/manifest.json")) == len(uploads)
     assert not server.media.exists()  # no local media directory was written
-    assert list(scratch.iterdir()) == []  # and nothing on the way stayed behind
+    # Nothing on the way stayed behind. (The SQLite store's wake-up directory is made in the
+    # temporary directory when a socket's path beside its file would be too long: it is the
+    # store's meeting place, not an upload's.)
+    assert [p for p in scratch.iterdir() if not p.name.endswith(DIRECTORY_SUFFIX)] == []
 
 
 def is_webp(data: bytes) -> bool:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,7 @@ from headrace.pipelines.moderation.probe import (
 )
 
 pytestmark = pytest.mark.realtime
+ROOT = Path(__file__).resolve().parents[2]
 SIDE = 7071  # just under the image class's 50 Mpx
 
 
@@ -128,3 +131,32 @@ def test_a_large_decode_yields_the_cpu_and_a_photo_does_not(at_limit: Path, tmp_
     assert run_isolated(niceness, sized(at_limit)) == large
     no_line = Isolation(large=1 << 40)
     assert run_isolated(niceness, sized(at_limit), isolation=no_line) == base
+
+
+def test_a_deep_temporary_directory_does_not_stop_decoding(tmp_path: Path) -> None:
+    """The forkserver's socket lives under the temporary directory: under a TMPDIR too deep for
+    a Unix socket's path, a decode still runs (it failed with "AF_UNIX path too long"). In a
+    process of its own: the directory is chosen once per process."""
+    deep = tmp_path / ("d" * 40) / ("e" * 40)
+    deep.mkdir(parents=True)
+    image = tmp_path / "small.png"
+    image.write_bytes(samples.rgba_png(32, 32))
+    program = (
+        "import functools, sys\n"
+        "from pathlib import Path\n"
+        "from headrace.pipelines.moderation.isolate import run_isolated\n"
+        "from headrace.pipelines.moderation.probe import inspect\n"
+        "from tests.unit.test_moderation_isolate import validated\n"
+        "path = Path(sys.argv[1])\n"
+        "print(run_isolated(validated, functools.partial(inspect, path, None), path).format)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program, str(image)],
+        env={**os.environ, "TMPDIR": str(deep)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "png"

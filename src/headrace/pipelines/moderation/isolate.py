@@ -27,6 +27,7 @@ import contextlib
 import ctypes
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.util
 import os
 import resource
 import signal
@@ -90,14 +91,34 @@ _context: ForkServerContext | None = None
 _context_lock = threading.Lock()
 
 
+# The longest temporary directory under which multiprocessing's own directory and the
+# forkserver's socket in it ("/pymp-xxxxxxxx/listener-xxxxxxxx") fit a Unix socket's 107 bytes.
+SOCKET_BASE_MOST = 70
+
+
 def _forkserver() -> ForkServerContext:
     global _context  # one forkserver per process, started on first use
     with _context_lock:
         if _context is None:
+            _short_socket_directory()
             context = multiprocessing.get_context("forkserver")
             context.set_forkserver_preload(PRELOAD)
             _context = context
         return _context
+
+
+def _short_socket_directory() -> None:
+    """multiprocessing keeps the forkserver's socket in a directory of its own, made under the
+    temporary directory once per process. Under a deep TMPDIR (a service's scratch directory)
+    the socket's path is too long for a Unix socket, and every decode failed with "AF_UNIX
+    path too long": then that directory is made in /tmp instead (as Python 3.13 does)."""
+    if len(tempfile.gettempdir()) <= SOCKET_BASE_MOST or not os.access("/tmp", os.W_OK):
+        return
+    chosen, tempfile.tempdir = tempfile.tempdir, "/tmp"
+    try:
+        multiprocessing.util.get_temp_dir()  # made now, and kept for this process
+    finally:
+        tempfile.tempdir = chosen
 
 
 def run_isolated(
