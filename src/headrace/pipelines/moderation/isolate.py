@@ -111,7 +111,9 @@ def _short_socket_directory() -> None:
     """multiprocessing keeps the forkserver's socket in a directory of its own, made under the
     temporary directory once per process. Under a deep TMPDIR (a service's scratch directory)
     the socket's path is too long for a Unix socket, and every decode failed with "AF_UNIX
-    path too long": then that directory is made in /tmp instead (as Python 3.13 does)."""
+    path too long": then that directory is made in /tmp instead (as Python 3.13 does). Once
+    per process, under the forkserver's lock: a temporary file another thread makes in that
+    instant lands in /tmp as well."""
     if len(tempfile.gettempdir()) <= SOCKET_BASE_MOST or not os.access("/tmp", os.W_OK):
         return
     chosen, tempfile.tempdir = tempfile.tempdir, "/tmp"
