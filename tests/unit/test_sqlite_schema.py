@@ -132,6 +132,26 @@ SCANS_ALLOWED = {"audit_rows", "dead_letters", "list_tasks"}
 HISTORY = ("tasks", "attempts", "tickets", "task_deps", "records", "audit", "outbox")
 
 
+class AnyValue(dict[str, object]):
+    """Parameters for EXPLAIN: any name is an empty JSON array."""
+
+    def __missing__(self, key: str) -> str:
+        return "[]"
+
+
+def plans(
+    connection: sqlite3.Connection, queries: dict[str, sql.Query]
+) -> Iterator[tuple[str, str, list[tuple[int, int, int, str]]]]:
+    """Each named statement's text and the planner's rows for it (id, parent, -, detail),
+    without statistics (a store never runs ANALYZE)."""
+    statements = scripts(queries)
+    for name in sorted(statements):
+        for text in statements[name]:
+            text = text.format(version=1) if "{" in text else text
+            rows = connection.execute(f"EXPLAIN QUERY PLAN {text}", AnyValue()).fetchall()
+            yield name, text, [(r[0], r[1], r[2], str(r[3])) for r in rows]
+
+
 def test_no_query_reads_a_whole_table_that_grows_with_history(
     migrated: sqlite3.Connection, queries: dict[str, sql.Query]
 ) -> None:
@@ -140,21 +160,13 @@ def test_no_query_reads_a_whole_table_that_grows_with_history(
     lease sweep read every task ever kept, ordered by id, and a keyed submit every task, when
     its key's partial index was not implied.)"""
 
-    class AnyValue(dict[str, object]):
-        def __missing__(self, key: str) -> str:
-            return "[]"
-
     scans = []
-    statements = scripts(queries)
-    for name in sorted(set(statements) - SCANS_ALLOWED):
-        for text in statements[name]:
-            text = text.format(version=1) if "{" in text else text
-            for row in migrated.execute(f"EXPLAIN QUERY PLAN {text}", AnyValue()):
-                detail = str(row[3])
-                words = detail.split()
-                scanned = words[1] if words[0] == "SCAN" and len(words) > 1 else None
-                if scanned in HISTORY and "INDEX" not in detail:
-                    scans.append(f"{name}: {detail}")
+    for name, _, rows in plans(migrated, queries):
+        for *_, detail in rows:
+            words = detail.split()
+            scanned = words[1] if words[0] == "SCAN" and len(words) > 1 else None
+            if name not in SCANS_ALLOWED and scanned in HISTORY and "INDEX" not in detail:
+                scans.append(f"{name}: {detail}")
     assert scans == []
 
 
@@ -363,20 +375,13 @@ def test_no_query_reads_a_parameter_array_once_per_row(
     json_each scans on their keys read the whole second array for every element of the first
     (a batch of outcomes cost the square of its size). A row's own array (a task's gates) may be."""
 
-    class AnyValue(dict[str, object]):
-        def __missing__(self, key: str) -> str:
-            return "[]"
-
     nested = []
-    statements = scripts(queries)
-    for name in sorted(statements):
-        for text in statements[name]:
-            text = text.format(version=1) if "{" in text else text
-            loops: dict[int, list[str]] = {}
-            for _, parent, _, detail in migrated.execute(f"EXPLAIN QUERY PLAN {text}", AnyValue()):
-                if str(detail).startswith(("SCAN ", "SEARCH ")):
-                    loops.setdefault(parent, []).append(str(detail))
-            arrays = set(re.findall(r"json_each\(:\w+\) AS (\w+)", text))
-            for inner in loops.values():
-                nested += [f"{name}: {d}" for d in inner[1:] if d.split()[1] in arrays]
+    for name, text, rows in plans(migrated, queries):
+        loops: dict[int, list[str]] = {}
+        for _, parent, _, detail in rows:
+            if detail.startswith(("SCAN ", "SEARCH ")):
+                loops.setdefault(parent, []).append(detail)
+        arrays = set(re.findall(r"json_each\(:\w+\) AS (\w+)", text))
+        for inner in loops.values():
+            nested += [f"{name}: {d}" for d in inner[1:] if d.split()[1] in arrays]
     assert nested == []

@@ -432,6 +432,14 @@ class Worker:
         its slot (kept as tasks start and end, not read off every running task per task)."""
         return list(self._charged.values())
 
+    def _leave(
+        self, registry: dict[int, asyncio.Task[None]], task_id: int
+    ) -> asyncio.Task[None] | None:
+        """Take `task_id` out of `registry`; out of the running ones, its charge ends too."""
+        if registry is self._running:
+            self._charged.pop(task_id, None)
+        return registry.pop(task_id, None)
+
     def _charge(self) -> None:
         """Count what the running tasks are charged."""
         now = sum(self._charges())
@@ -537,9 +545,7 @@ class Worker:
 
         def done(_: asyncio.Task[None]) -> None:
             # A slot freed now (not when its handler returned), or room for more outcomes.
-            freed_now = registry.pop(lease.task_id, None) is not None
-            if registry is self._running:
-                self._charged.pop(lease.task_id, None)
+            freed_now = self._leave(registry, lease.task_id) is not None
             recorded = self._recording.pop(lease.task_id, None) is not None
             self._leases.pop(lease.task_id, None)
             if freed_now:
@@ -609,9 +615,7 @@ class Worker:
     def _slot_freed(self, task_id: int, registry: dict[int, asyncio.Task[None]]) -> None:
         """The handler is done: its slot takes new work while its outcome is written (the lease
         and the gate tickets stay held until then)."""
-        task = registry.pop(task_id, None)
-        if registry is self._running:
-            self._charged.pop(task_id, None)
+        task = self._leave(registry, task_id)
         if task is not None:
             self._recording[task_id] = task
             freed = self.stats.memory_charged
