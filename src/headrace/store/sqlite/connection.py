@@ -53,7 +53,6 @@ def connect(path: Path, busy_timeout: float, queries: Queries) -> sqlite3.Connec
         cached_statements=STATEMENT_CACHE,
     )
     try:
-        connection.row_factory = sqlite3.Row
         for name in ("journal_wal", "synchronous_normal", "foreign_keys_on", "checkpoint_backstop"):
             connection.execute(queries[name].text).fetchall()
     except BaseException:
@@ -124,7 +123,7 @@ class Driver:
         *before, last = self._statements[query]
         for statement in before:
             self._conn.execute(statement, bound)
-        return _Rows(self._conn.execute(last, bound).fetchall())
+        return _Rows(_dicts(self._conn.execute(last, bound)))
 
     async def run_many(self, query: str, params: Sequence[Mapping[str, object]]) -> None:
         [statement] = self._statements[query]
@@ -149,14 +148,25 @@ class Driver:
 class _Rows:
     """A statement's rows, read already."""
 
-    def __init__(self, rows: list[sqlite3.Row]) -> None:
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
         self._rows = rows
 
-    async def fetchall(self) -> list[sqlite3.Row]:
+    async def fetchall(self) -> list[dict[str, Any]]:
         return self._rows
 
-    async def fetchone(self) -> sqlite3.Row | None:
+    async def fetchone(self) -> dict[str, Any] | None:
         return self._rows[0] if self._rows else None
+
+
+def _dicts(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
+    """A statement's rows as dicts, as PostgreSQL's are read. A `sqlite3.Row` finds a column
+    by comparing its name with each column's in turn: a task's record, 31 columns read by name,
+    took 6.2 us from one and 3.4 from a dict, the dict made included."""
+    rows = cursor.fetchall()
+    if not rows:
+        return []
+    names = [column[0] for column in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in rows]
 
 
 def _bound(params: Mapping[str, object]) -> dict[str, object]:
