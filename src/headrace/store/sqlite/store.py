@@ -33,6 +33,7 @@ from headrace.policy.errors import ConfigError, StoreError
 from headrace.policy.gate import GateConfig
 from headrace.store import sql
 from headrace.store.machine import Sweeps, Transaction
+from headrace.store.sqlite import handoff
 from headrace.store.sqlite.checkpoint import Checkpointer
 from headrace.store.sqlite.connection import (
     MIN_SQLITE_VERSION,
@@ -110,6 +111,7 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         self._configs = {config.name: config for config in settings.gates}
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="headrace-sqlite")
+            handoff.shorten()  # the thread takes the interpreter back soon after each statement
         try:
             await self._in_thread(self._connect)
         except BaseException:
@@ -145,6 +147,7 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         finally:
             executor.shutdown(wait=True)
             self._turn.close()
+            handoff.restore()
 
     async def now(self) -> float:
         return self.clock.now()
