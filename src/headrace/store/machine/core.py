@@ -50,6 +50,10 @@ class Pending(Protocol):
 
     async def fetchone(self) -> Any | None: ...
 
+    async def tasks(self) -> list[TaskRecord]:
+        """Its rows, rows of the tasks table, as records (`rows.tasks_of`)."""
+        ...
+
 
 class Driver(Protocol):
     """A database connection inside one transaction, speaking its dialect's named statements.

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import math
 from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -15,7 +15,7 @@ from psycopg import errors as pgerrors
 from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import ConnStatus
-from psycopg.rows import DictRow
+from psycopg.rows import DictRow, TupleRow, tuple_row
 from psycopg.types.json import Jsonb
 
 from headrace.policy.errors import (
@@ -26,6 +26,8 @@ from headrace.policy.errors import (
 )
 from headrace.store import sql
 from headrace.store.machine import Json
+from headrace.store.rows import tasks_of
+from headrace.store.types import TaskRecord
 from headrace.store.urls import POSTGRES_SCHEMES
 
 T = TypeVar("T")
@@ -88,6 +90,14 @@ class Synced:
     async def fetchall(self) -> list[DictRow]:
         await self._arrived()
         return await self._cursor.fetchall()
+
+    async def tasks(self) -> list[TaskRecord]:
+        """The rows as task records, read as tuples: no dict made for each row."""
+        await self._arrived()
+        cursor = cast("psycopg.AsyncCursor[TupleRow]", self._cursor)
+        cursor.row_factory = tuple_row
+        rows = await cursor.fetchall()
+        return tasks_of([column.name for column in cursor.description or ()], rows)
 
     async def _arrived(self) -> None:
         if self._cursor.pgresult is None:
