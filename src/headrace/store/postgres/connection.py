@@ -105,9 +105,20 @@ class Synced:
 
 
 def adapted(params: Mapping[str, object]) -> Mapping[str, object]:
-    if not any(isinstance(value, Json) for value in params.values()):
-        return params
-    return {k: Jsonb(v.value) if isinstance(v, Json) else v for k, v in params.items()}
+    """Parameters as the driver sends them: a `Json` value as jsonb, a list of integers as an
+    array literal (`{1,2,3}`), which the statement casts (every parameter of the store's
+    statements is cast, as in `%(ids)s::bigint[]`). psycopg dumps a list element by element,
+    each through a regular expression that decides its quoting: 5.7 us a task of an in-process
+    drain, for the ids, attempt numbers and tokens of its lease and outcome."""
+    return {name: _adapted(value) for name, value in params.items()}
+
+
+def _adapted(value: object) -> object:
+    if isinstance(value, Json):
+        return Jsonb(value.value)
+    if type(value) is list and value and all(type(item) is int for item in value):
+        return "{" + ",".join(map(str, value)) + "}"
+    return value
 
 
 class Again(Exception):
