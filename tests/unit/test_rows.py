@@ -7,7 +7,7 @@ import random
 from typing import Any
 
 from headrace.policy.tiers import Tier
-from headrace.store.rows import TASK_COLUMNS, task_of, tasks_of
+from headrace.store.rows import TASK_COLUMNS, Candidate, candidates_of, task_of, tasks_of
 from headrace.store.types import TaskRecord, TaskState
 
 
@@ -118,3 +118,16 @@ def test_every_field_of_a_task_is_read() -> None:
     row = _row(6, sqlite=False)
     record = tasks_of(list(row), [tuple(row.values())])[0]
     assert record.group == "ep-1" and record.solo is True and record.gates == ("openai", "local")
+
+
+def test_candidates_are_read_by_position_and_the_edge_row_left_out() -> None:
+    columns = ["peeked", "gates", "id", "lane", "tier", "memory", "flow", "solo", "tag", "kind"]
+    rows = [
+        (3, None, None, None, None, None, None, None, None, None),  # a batch's edge row
+        (None, ["openai"], 5, "ep-1/image", 2, 1024, "ep-1", 0, 1.5, "image"),
+        (None, '["local"]', 6, "ep-2", 1, 0, "ep-2", 1, 2.0, "speech"),
+    ]
+    assert candidates_of(columns, rows) == [
+        Candidate(5, "image", Tier.LOW, 1.5, "ep-1", "ep-1/image", ("openai",), False, 1024),
+        Candidate(6, "speech", Tier.NORMAL, 2.0, "ep-2", "ep-2", ("local",), True, 0),
+    ]

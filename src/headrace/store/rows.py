@@ -150,18 +150,29 @@ class Candidate:
     memory: int  # bytes charged against the claiming worker's memory budget
 
 
-def candidate_of(row: Row) -> Candidate:
-    return Candidate(
-        id=row["id"],
-        kind=row["kind"],
-        tier=_TIERS[row["tier"]],
-        tag=row["tag"],
-        flow=row["flow"],
-        lane=row["lane"],
-        gates=tuple(_listed(row["gates"])),
-        solo=bool(row["solo"]),
-        memory=row["memory"],
+def candidates_of(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[Candidate]:
+    """Rows as tuples with these `columns` as candidates, read by position as `tasks_of` reads
+    tasks; rows without an id (a claim batch's edge row) are left out."""
+    at = {name: i for i, name in enumerate(columns)}
+    id_, kind, tier, tag, flow, lane, gates, solo, memory = (
+        at[column]
+        for column in ("id", "kind", "tier", "tag", "flow", "lane", "gates", "solo", "memory")
     )
+    return [
+        Candidate(
+            row[id_],
+            row[kind],
+            _TIERS[row[tier]],
+            row[tag],
+            row[flow],
+            row[lane],
+            tuple(_listed(row[gates])),
+            bool(row[solo]),
+            row[memory],
+        )
+        for row in rows
+        if row[id_] is not None
+    ]
 
 
 def attempt_of(row: Row) -> Attempt:

@@ -27,8 +27,9 @@ from headrace.store.machine.core import AGING_SLACK, CLAIM_BATCH, Pending
 from headrace.store.machine.outcomes import Outcomes
 from headrace.store.rows import (
     Candidate,
-    candidate_of,
+    candidates_of,
     task_of,
+    tasks_of,
 )
 from headrace.store.types import (
     ClaimResult,
@@ -56,8 +57,8 @@ class Claimed:
     async def result(self) -> ClaimResult:
         if self.leased is None:
             return ClaimResult((), self.now, self.wake_at, solo_waiting=self.solo_waiting)
-        records = await self.leased.tasks()  # no round trip: the commit's sync brought them
-        held = {record.id: record for record in records}
+        # no round trip: the commit's sync brought them
+        held = {record.id: record for record in tasks_of(*await self.leased.table())}
         leases = (Lease(held[i], held[i].lease_token, self.until) for i in self.ids)
         return ClaimResult(tuple(leases), self.now, self.wake_at, solo_waiting=self.solo_waiting)
 
@@ -214,20 +215,24 @@ class Claiming(Outcomes):
                 top=max(self.gates.states, default=""),
             )
             time = await self.send_clock() if first else None
-            rows = await sent.fetchall()
+            columns, rows = await sent.table()
             if first:
                 await self.read_clock(time)
-            edge = rows[0]
+            edge = dict(zip(columns, rows[0], strict=True))
             self.gates.take(edge["gate_rows"])
             others = [name for name in edge["wanted"] if name not in self.gates.states]
             if not others or not await self.gates.make(others):
                 self.gates.busy.update(others)  # another claim holds them: its tasks are its
                 break
-        for row in rows:  # when each flow and lane was last served, read with the candidates
-            if row["id"] is not None:
-                self._served.setdefault(row["flow"], int(row["flow_served"]))
-                self._served.setdefault(row["lane"], int(row["lane_served"]))
-        tasks = [candidate_of(row) for row in rows if row["id"] is not None]
+        # when each flow and lane was last served, read with the candidates
+        at = {name: i for i, name in enumerate(columns)}
+        id_, flow, lane = at["id"], at["flow"], at["lane"]
+        flow_served, lane_served = at["flow_served"], at["lane_served"]
+        for row in rows:
+            if row[id_] is not None:
+                self._served.setdefault(row[flow], int(row[flow_served]))
+                self._served.setdefault(row[lane], int(row[lane_served]))
+        tasks = candidates_of(columns, rows)
         if edge["last_id"] is None:
             return 0, None, tasks
         last = (int(edge["last_tier"]), float(edge["last_tag"]), int(edge["last_id"]))

@@ -50,8 +50,9 @@ class Pending(Protocol):
 
     async def fetchone(self) -> Any | None: ...
 
-    async def tasks(self) -> list[TaskRecord]:
-        """Its rows, rows of the tasks table, as records (`rows.tasks_of`)."""
+    async def table(self) -> tuple[Sequence[str], list[Sequence[Any]]]:
+        """Its column names and its rows as tuples, for reading by position (`rows.tasks_of`,
+        `rows.candidates_of`): no dict made for each row."""
         ...
 
 

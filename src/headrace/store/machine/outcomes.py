@@ -24,6 +24,7 @@ from headrace.store.machine.submit import Submission
 from headrace.store.rows import (
     holds,
     task_of,
+    tasks_of,
 )
 from headrace.store.types import (
     DEFER_DELAY,
@@ -74,7 +75,7 @@ class Outcomes(Submission):
         locked = await self.send("lock_for_outcomes", ids=ids, dead=dead, succeeded=done)
         time = await self.send_clock()  # answered after the row locks: a wait must not stretch
         tickets = await self.send("ticket_counts_many", task_ids=ids)  # a lease
-        held = {record.id: record for record in await locked.tasks()}
+        held = {record.id: record for record in tasks_of(*await locked.table())}
         self._held = {task_id: held[task_id] for task_id in ids if task_id in held}
         self._dependents = len(held) > len(self._held)  # some outcome's dependents, locked
         await self.read_clock(time)

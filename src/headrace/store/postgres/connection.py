@@ -26,8 +26,6 @@ from headrace.policy.errors import (
 )
 from headrace.store import sql
 from headrace.store.machine import Json
-from headrace.store.rows import tasks_of
-from headrace.store.types import TaskRecord
 from headrace.store.urls import POSTGRES_SCHEMES
 
 T = TypeVar("T")
@@ -91,13 +89,12 @@ class Synced:
         await self._arrived()
         return await self._cursor.fetchall()
 
-    async def tasks(self) -> list[TaskRecord]:
-        """The rows as task records, read as tuples: no dict made for each row."""
+    async def table(self) -> tuple[list[str], list[TupleRow]]:
         await self._arrived()
         cursor = cast("psycopg.AsyncCursor[TupleRow]", self._cursor)
         cursor.row_factory = tuple_row
         rows = await cursor.fetchall()
-        return tasks_of([column.name for column in cursor.description or ()], rows)
+        return [column.name for column in cursor.description or ()], rows
 
     async def _arrived(self) -> None:
         if self._cursor.pgresult is None:

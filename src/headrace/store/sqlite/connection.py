@@ -14,8 +14,6 @@ from urllib.parse import unquote, urlsplit
 from headrace.policy.errors import ConfigError, SchemaTooNew, StoreError
 from headrace.store import sql
 from headrace.store.machine import Json
-from headrace.store.rows import tasks_of
-from headrace.store.types import TaskRecord
 from headrace.store.urls import SQLITE_SCHEME
 
 T = TypeVar("T")
@@ -166,8 +164,8 @@ class _Rows:
             return None
         return dict(zip(self._columns, self._tuples[0], strict=True))
 
-    async def tasks(self) -> list[TaskRecord]:
-        return tasks_of(self._columns, self._tuples)
+    async def table(self) -> tuple[list[str], list[tuple[Any, ...]]]:
+        return self._columns, self._tuples
 
 
 def _bound(params: Mapping[str, object]) -> dict[str, object]:
