@@ -560,12 +560,9 @@ ORDER BY p.tier, p.tag, p.id;
 
 -- name: lease_tasks
 -- Lease ready tasks under new fencing tokens, with attempts and tickets; count them, number the turns.
-UPDATE tasks
-SET state = 'running', attempt = attempt + 1, worker = :worker, lease_until = :until,
-    lease_token = lease_token + 1
-WHERE id IN (SELECT value FROM json_each(:ids));
+-- The tasks are updated last, their rows returned by the update: not looked up again.
 INSERT INTO attempts (task_id, number, worker, started_at, outcome)
-SELECT id, attempt, worker, :now, 'running' FROM tasks
+SELECT id, attempt + 1, :worker, :now, 'running' FROM tasks
 WHERE id IN (SELECT value FROM json_each(:ids));
 INSERT INTO tickets (task_id, gate, started)
 SELECT t.id, g.value, g.value NOT IN (SELECT value FROM json_each(:rated))
@@ -584,7 +581,11 @@ FROM (
     FROM json_each(:flows) AS n
 ) AS f
 WHERE flows.flow = f.flow;
-SELECT * FROM tasks WHERE id IN (SELECT value FROM json_each(:ids));
+UPDATE tasks
+SET state = 'running', attempt = attempt + 1, worker = :worker, lease_until = :until,
+    lease_token = lease_token + 1
+WHERE id IN (SELECT value FROM json_each(:ids))
+RETURNING *;
 
 -- name: lease_polls
 -- Hand waiting tasks to a poller, each under a new fencing token.
