@@ -71,6 +71,12 @@ def task_of(row: Row) -> TaskRecord:
     return record
 
 
+def positions(columns: Sequence[str], names: Iterable[str]) -> list[int]:
+    """Where each of `names` is among a result's `columns`, to read its rows by position."""
+    at = {name: i for i, name in enumerate(columns)}
+    return [at[name] for name in names]
+
+
 # The columns a task's record is read from, in the order `tasks_of` takes them.
 TASK_COLUMNS = (
     "id", "kind", "ref", "gates", "flow", "grp", "tier", "submitted_tier", "cost", "key",
@@ -86,13 +92,12 @@ def tasks_of(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[Task
     out), as records, each value taken by its position: `task_of` looks each column up by
     name, in a dict made for the row first. The lease and the outcome batch read every task
     they hold this way (2.2 us a row, against 3.5 for a dict and `task_of`)."""
-    at = {name: i for i, name in enumerate(columns)}
     (
         id_, kind, ref, gates, flow, grp, tier, submitted_tier, cost, key, state, attempt,
         max_attempts, tag, created_at, run_at, ready_since, promoted_at, finished_at, worker,
         lease_until, lease_token, remote_id, poll_every, remote_deadline, error_code,
         expiries, attempt_base, solo, remote_jobs, memory,
-    ) = (at[column] for column in TASK_COLUMNS)  # fmt: skip
+    ) = positions(columns, TASK_COLUMNS)  # fmt: skip
     records = []
     for row in rows:
         record = _new_record(TaskRecord)
@@ -154,10 +159,8 @@ class Candidate:
 def candidates_of(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[Candidate]:
     """Rows as tuples with these `columns` as candidates, read by position as `tasks_of` reads
     tasks; rows without an id (a claim batch's edge row) are left out."""
-    at = {name: i for i, name in enumerate(columns)}
-    id_, kind, tier, tag, flow, lane, gates, solo, memory = (
-        at[column]
-        for column in ("id", "kind", "tier", "tag", "flow", "lane", "gates", "solo", "memory")
+    id_, kind, tier, tag, flow, lane, gates, solo, memory = positions(
+        columns, ("id", "kind", "tier", "tag", "flow", "lane", "gates", "solo", "memory")
     )
     return [
         Candidate(

@@ -28,6 +28,7 @@ from headrace.store.machine.outcomes import Outcomes
 from headrace.store.rows import (
     Candidate,
     candidates_of,
+    positions,
     task_of,
     tasks_of,
 )
@@ -225,9 +226,9 @@ class Claiming(Outcomes):
                 self.gates.busy.update(others)  # another claim holds them: its tasks are its
                 break
         # when each flow and lane was last served, read with the candidates
-        at = {name: i for i, name in enumerate(columns)}
-        id_, flow, lane = at["id"], at["flow"], at["lane"]
-        flow_served, lane_served = at["flow_served"], at["lane_served"]
+        id_, flow, lane, flow_served, lane_served = positions(
+            columns, ("id", "flow", "lane", "flow_served", "lane_served")
+        )
         for row in rows:
             if row[id_] is not None:
                 self._served.setdefault(row[flow], int(row[flow_served]))
