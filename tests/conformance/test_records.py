@@ -9,7 +9,7 @@ import pytest
 
 from headrace.policy import ConfigError, ManualClock, UnknownRecord
 from headrace.store.base import Store
-from headrace.store.records import Audit, Notice
+from headrace.store.records import Age, Audit, Notice
 from headrace.store.types import Settings
 
 from .conftest import GATES
@@ -90,6 +90,48 @@ async def test_two_moderators_at_once_make_one_change_two_audit_rows_one_notice(
     assert sorted(results) == [False, True]
     assert len(await store.audit_log(record_id="m1")) == 2
     assert len(await store.outbox(pending=False)) == 1
+
+
+async def test_a_change_may_ask_how_long_ago_the_record_last_changed(
+    store: Store, clock: ManualClock
+) -> None:
+    """A claim nobody renewed for its TTL may be taken (`at_least`); a decision may be undone
+    within its window only (`at_most`); the store's clock decides, and a refusal is audited."""
+    await store.put_record("claim", "m1", scope="ev1", state="held:mod-a", body={})
+    clock.advance(10)
+    early = await store.change_record(
+        "claim",
+        "m1",
+        state="held:mod-b",
+        when={"held:mod-a"},
+        age=Age(at_least=30),
+        audit=Audit("claim.taken", "mod-b"),
+    )
+    assert not early.applied and early.record.state == "held:mod-a"
+    renewed = await store.change_record("claim", "m1", body={"renewed": 1}, when={"held:mod-a"})
+    clock.advance(25)  # 35 s after it was made, 25 s after it was renewed
+    assert not (
+        await store.change_record(
+            "claim", "m1", state="held:mod-b", when={"held:mod-a"}, age=Age(at_least=30)
+        )
+    ).applied
+    clock.advance(5)
+    taken = await store.change_record(
+        "claim", "m1", state="held:mod-b", when={"held:mod-a"}, age=Age(at_least=30)
+    )
+    assert renewed.applied and taken.applied and taken.record.state == "held:mod-b"
+    [refused] = await store.audit_log(record_id="m1")
+    assert refused.outcome == "unchanged: held:mod-a, changed 10 s before"
+
+    await item(store, "m2")
+    await store.change_record("item", "m2", state="approved", when={"reviewable"})
+    clock.advance(31)
+    late = await store.change_record(
+        "item", "m2", state="reviewable", when={"approved"}, age=Age(at_most=30)
+    )
+    assert not late.applied and late.record.state == "approved"
+    with pytest.raises(ConfigError, match=r"age\.at_most"):
+        Age(at_most=-1)
 
 
 async def test_a_body_change_merges_keys_and_keeps_the_record_in_its_place(store: Store) -> None:

@@ -14,7 +14,7 @@ from headrace.policy.gate import GateStatistics
 from headrace.policy.retention import Retention
 from headrace.store.ages import AGE_SAMPLE, ReadyAges
 from headrace.store.pruning import Pruned, PrunerState
-from headrace.store.records import Audit, AuditRow, Changed, Notice, OutboxRow, Record
+from headrace.store.records import Age, Audit, AuditRow, Changed, Notice, OutboxRow, Record
 from headrace.store.types import (
     Attempt,
     AttemptOutcome,
@@ -235,10 +235,12 @@ class Store(Protocol):
         state: str | None = None,
         body: Mapping[str, Any] | None = None,
         when: Collection[str] | None = None,
+        age: Age | None = None,
         audit: Audit | None = None,
         notice: Notice | None = None,
     ) -> Changed:
-        """Set a record's state and `body`'s keys, if its state is among `when` (or always),
+        """Set a record's state and `body`'s keys, if its state is among `when` (or always)
+        and, given `age`, it last changed that long ago by the store's clock (`records.Age`),
         in one transaction with `audit` (written either way, with the outcome) and `notice`
         (to the outbox, only when the change applied). Raise UnknownRecord if there is none."""
         ...

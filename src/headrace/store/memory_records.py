@@ -12,6 +12,7 @@ from headrace.policy.clock import Clock
 from headrace.policy.errors import UnknownRecord
 from headrace.store.pruning import AuditPlan, Mark, NoticePlan, RecordPlan
 from headrace.store.records import (
+    Age,
     Audit,
     AuditRow,
     Changed,
@@ -73,6 +74,7 @@ class MemoryRecords:
         state: str | None = None,
         body: Mapping[str, Any] | None = None,
         when: Collection[str] | None = None,
+        age: Age | None = None,
         audit: Audit | None = None,
         notice: Notice | None = None,
     ) -> Changed:
@@ -84,7 +86,8 @@ class MemoryRecords:
         if record is None:
             raise UnknownRecord(kind, record_id)
         now = self.clock.now()
-        decision = decide(record, state, changes, None if when is None else frozenset(when))
+        states = None if when is None else frozenset(when)
+        decision = decide(record, state, changes, states, age, now)
         if decision.applied:
             seq = next(self._record_seq) if decision.moved else record.seq
             record = replace(

@@ -8,7 +8,9 @@ records by their last change of state: a record that changes state later has a l
 a list read in `seq` order past a cursor never reorders what was read before it.
 
 `change` applies only from the states it names (`when`): two moderators approving one item at
-once make one change, and both attempts are audited. A change that applies may owe a `Notice`,
+once make one change, and both attempts are audited. It may also ask how long ago the record
+last changed, by the store's clock (`Age`): a claim nobody renewed for its TTL may be taken, a
+decision may be undone only within its window. A change that applies may owe a `Notice`,
 written to the outbox with it; one that does not writes none. The rule is `decide`, written
 once for every backend.
 """
@@ -93,6 +95,28 @@ class Changed:
 
 
 @dataclass(frozen=True)
+class Age:
+    """A change's condition on the time since the record last changed (its `changed_at`, by
+    the store's clock): at least `at_least` seconds, at most `at_most` (None: no bound)."""
+
+    at_least: float | None = None
+    at_most: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("at_least", "at_most"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+                raise ConfigError(f"age.{name}: expected seconds >= 0, got {value!r}")
+
+    def holds(self, elapsed: float) -> bool:
+        return (self.at_least is None or elapsed >= self.at_least) and (
+            self.at_most is None or elapsed <= self.at_most
+        )
+
+
+@dataclass(frozen=True)
 class Decision:
     state: str
     body: dict[str, Any]
@@ -106,11 +130,18 @@ def decide(
     state: str | None,
     body: Mapping[str, Any] | None,
     when: Collection[str] | None,
+    age: Age | None = None,
+    now: float = 0.0,
 ) -> Decision:
-    """Whether a change applies to `record` (its state is among `when`, or `when` is None),
-    and what the record becomes: `state` if given, `body`'s keys over its own."""
+    """Whether a change applies to `record` (its state is among `when`, or `when` is None; it
+    last changed as long before `now` as `age` asks, when given), and what the record becomes:
+    `state` if given, `body`'s keys over its own."""
     if when is not None and record.state not in when:
         return Decision(record.state, dict(record.body), False, f"unchanged: {record.state}", False)
+    elapsed = max(0.0, now - record.changed_at)
+    if age is not None and not age.holds(elapsed):
+        outcome = f"unchanged: {record.state}, changed {elapsed:.3g} s before"
+        return Decision(record.state, dict(record.body), False, outcome, False)
     new_state = record.state if state is None else state
     merged = {**record.body, **(body or {})}
     return Decision(new_state, merged, True, APPLIED, new_state != record.state)

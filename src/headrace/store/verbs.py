@@ -17,6 +17,7 @@ from headrace.store.ages import AGE_SAMPLE, ReadyAges
 from headrace.store.machine import Transaction
 from headrace.store.pruning import Batch, Mark, Pruned, PrunerState
 from headrace.store.records import (
+    Age,
     Audit,
     AuditRow,
     Changed,
@@ -201,6 +202,7 @@ class RecordVerbs:
         state: str | None = None,
         body: Mapping[str, Any] | None = None,
         when: Collection[str] | None = None,
+        age: Age | None = None,
         audit: Audit | None = None,
         notice: Notice | None = None,
     ) -> Changed:
@@ -210,7 +212,7 @@ class RecordVerbs:
         changes = None if body is None else load(dump(body))
         states = None if when is None else frozenset(when)
         return await self._write(
-            lambda tx: tx.change_record(kind, record_id, state, changes, states, audit, notice)
+            lambda tx: tx.change_record(kind, record_id, state, changes, states, age, audit, notice)
         )
 
     async def write_audit(

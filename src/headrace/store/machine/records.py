@@ -10,6 +10,7 @@ from typing import Any
 from headrace.policy.errors import UnknownRecord
 from headrace.store.machine.core import Steps
 from headrace.store.records import (
+    Age,
     Audit,
     AuditRow,
     Changed,
@@ -82,6 +83,7 @@ class RecordSteps(Steps):
         state: str | None,
         body: Mapping[str, Any] | None,
         when: Collection[str] | None,
+        age: Age | None,
         audit: Audit | None,
         notice: Notice | None,
     ) -> Changed:
@@ -89,7 +91,7 @@ class RecordSteps(Steps):
         if found is None:
             raise UnknownRecord(kind, record_id)
         record = record_of(found)
-        decision = decide(record, state, body, when)
+        decision = decide(record, state, body, when, age, self.now)
         if decision.applied:
             query = "move_record" if decision.moved else "rewrite_record"
             record = record_of(
