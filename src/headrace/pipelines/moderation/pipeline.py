@@ -48,7 +48,7 @@ from collections.abc import Callable, Collection, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal, Protocol, TypeVar
 
 import headrace as hr
 from headrace.pipelines.moderation.derive import METADATA, derive
@@ -75,8 +75,11 @@ from headrace.pipelines.moderation.trailing import TRAILING_DATA
 from headrace.policy.errors import ConfigError, HeadraceError, QueueFull
 from headrace.policy.text import check_text
 from headrace.runtime.calls import off_loop
-from headrace.store.records import Audit, AuditRow, Notice, Record
+from headrace.store.records import Audit, AuditRow, Record
 from headrace.store.types import TaskState
+
+if TYPE_CHECKING:
+    from headrace.pipelines.moderation.review import ReviewRules
 
 DERIVE_VERSION = 1
 # A decoding child's own memory beside what it decodes: the pages it writes of the forkserver's
@@ -175,12 +178,15 @@ class Item:
     caption: str | None = None  # the contributor's words: shown to moderators, never logged
     memory: int | None = None  # decoding's estimated peak bytes, from headers (None: unreadable)
     flags: tuple[str, ...] = ()  # safe codes moderators see beside a reviewable item
+    decided_by: str | None = None  # the moderator whose decision stands (`review`)
+    decision_reason: str | None = None  # why it was rejected: a code of `review.REJECT_REASONS`
+    uploaded_at: float = 0.0  # when its record was made, by the store's clock
     seq: int = 0  # the order of its last change of state (`store/records.py`)
 
     def body(self) -> dict[str, object]:
         """What its record keeps besides its id, event and state."""
         fields = asdict(self)
-        for kept_apart in ("media_id", "event", "state", "seq"):
+        for kept_apart in ("media_id", "event", "state", "seq", "uploaded_at"):
             del fields[kept_apart]
         return fields
 
@@ -193,6 +199,7 @@ class Item:
             event=record.scope,
             state=ItemState(record.state),
             seq=record.seq,
+            uploaded_at=record.created_at,
             **body,
         )
 
@@ -366,6 +373,7 @@ class Moderation:
         order: Order = "fair",
         work: MediaWork | None = None,
         isolation: Isolation | None = None,
+        review: ReviewRules | None = None,
     ) -> None:
         if order not in ("fair", "fifo"):
             raise ConfigError(f"moderation.order: expected 'fair' or 'fifo', got {order!r}")
@@ -381,7 +389,11 @@ class Moderation:
         self.admission = admission or Admission()
         self.order = order
         self._declare()
-        from headrace.pipelines.moderation.upkeep import Upkeep  # it builds on this module
+        # they build on this module
+        from headrace.pipelines.moderation.review import Review
+        from headrace.pipelines.moderation.upkeep import Upkeep
+
+        self.reviews = Review(self, review)
 
         app.on_prune(Upkeep(self).prune)
 
@@ -552,26 +564,13 @@ class Moderation:
             return Phase.QUEUED
         return Phase.PROCESSING
 
-    async def review(self, media_id: str, *, approve: bool, by: str) -> Reviewed:
-        """A moderator's decision on a reviewable item: the first one stands and owes one
-        notice (`item.approved` or `item.rejected`, in the outbox with it); a repeat of it is
-        a no-op; every attempt is in the audit log. Any other decision raises ConfigError."""
-        check_label(by, "by")
-        wanted = ItemState.APPROVED if approve else ItemState.REJECTED
-        changed = await self.app.store.change_record(
-            ITEM,
-            check_media_id(media_id),
-            state=wanted.value,
-            when={ItemState.REVIEWABLE.value},
-            audit=Audit(f"review.{wanted.value}", by),
-            notice=Notice(f"item.{wanted.value}", {"media_id": media_id}),
-        )
-        item = Item.of(changed.record)
-        if changed.applied or item.state is wanted:
-            return Reviewed(item, changed.applied)
-        raise ConfigError(
-            f"media id {media_id}: cannot be {wanted.value}, it is {item.state.value}"
-        )
+    async def review(
+        self, media_id: str, *, approve: bool, by: str, reason: str | None = None
+    ) -> Reviewed:
+        """A moderator's decision on a reviewable item (`review.Review.decide`: the first one
+        stands and owes one notice, a repeat is a no-op, every attempt is audited; another
+        moderator's claim or another decision raises ConfigError)."""
+        return await self.reviews.decide(media_id, approve=approve, by=by, reason=reason)
 
     # -- stages
 

@@ -174,6 +174,7 @@ class Upkeep:
             counts[ITEMS] += len(items)
         else:
             counts[ITEMS] += await self.moderation.records.forget(leaving)
+            await self.moderation.reviews.forget(leaving)
         return counts
 
     async def remove_originals(

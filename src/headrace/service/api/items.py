@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from headrace.pipelines.moderation.derive import POSTER, PREVIEW, THUMBNAIL, WAVEFORM
 from headrace.pipelines.moderation.media import LocalFile, Served, SignedUrl
 from headrace.pipelines.moderation.pipeline import ITEM, Item, ItemState
+from headrace.pipelines.moderation.review import ClaimedByOther
 from headrace.policy.errors import ConfigError
 from headrace.service.api.auth import Principal, Role
 from headrace.service.api.deps import (
@@ -194,6 +195,8 @@ async def decide(svc: Service, who: Principal, media_id: str, *, approve: bool) 
     await visible_item(svc, who, media_id, action)
     try:
         reviewed = await svc.moderation.review(media_id, approve=approve, by=who.name)
+    except ClaimedByOther as taken:
+        raise claimed(taken) from None
     except ConfigError:
         state = (await svc.moderation.records.get(media_id)).state.value
         raise ApiError(
@@ -202,11 +205,24 @@ async def decide(svc: Service, who: Principal, media_id: str, *, approve: bool) 
     return Decision(item=view(reviewed.item), applied=reviewed.applied)
 
 
+def claimed(taken: ClaimedByOther) -> ApiError:
+    """409 `claimed`: another moderator holds the item (their claim, until it lapses)."""
+    claim = taken.claim
+    return ApiError(
+        409,
+        "claimed",
+        f"{claim.holder} is reviewing this item; take another, or wait until {claim.until:.0f}",
+    )
+
+
 DECISION_ANSWERS: dict[int | str, dict[str, Any]] = {
     401: {"description": "no valid bearer token"},
     403: {"description": "not a moderator"},
     404: {"description": "no such item for this token"},
-    409: {"description": "the item was decided otherwise, or is not reviewable yet"},
+    409: {
+        "description": "the item was decided otherwise, is not reviewable yet, or another "
+        "moderator holds it (`claimed`)"
+    },
 }
 
 

@@ -1,0 +1,418 @@
+"""Review: moderators' claims on items, their decisions (one item or many), undo, and an
+admin's change of a decision.
+
+A claim says who is looking at an item now. It is a record (kind `claim`, id the media id, scope
+the event) whose state names its holder (`held:<moderator>`) or says it is `free`, changed with
+the same compare-and-set and audit rows as the items' own records (`store/records.py`):
+
+- taking a free item, or renewing one's own claim, is a change from `free` or `held:<me>`;
+- a claim its holder has not renewed for the TTL (`ReviewRules.claim_ttl`, 5 minutes) has
+  lapsed: it is taken by a change from `held:<them>` that applies only if the record has not
+  changed for the TTL (`Age(at_least=ttl)`, by the store's clock), so of two moderators taking
+  a lapsed claim at once one wins, and a holder who renewed a moment before keeps it;
+- its holder releases it (`free`), or an admin does, with a reason;
+- a decision takes (or renews) the decider's claim first, then moves the item: nobody decides
+  an item another moderator holds. Once the item is decided, its claim record goes.
+
+Decisions move an item from `reviewable` to `approved` or `rejected` in one transaction with
+its audit row and its notice (`item.approved`, `item.rejected`); a repeat changes nothing and
+sends nothing. A decision can be undone by the moderator who made it within the undo window
+(`ReviewRules.undo_window`, 30 s, checked by the store's clock in the same change): the item is
+reviewable again and the outbox sends one correction (`item.reopened`). After the window an
+admin may change it to the other decision, with a reason (`item.decision_changed`). Every
+attempt, applied or not, is an audit row.
+
+Bulk decisions are single decisions made in turn, each with its own claim, audit row and at
+most one notice; what another moderator decided or holds meanwhile is reported item by item.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from headrace.pipelines.moderation.media import check_media_id
+from headrace.pipelines.moderation.pipeline import ITEM, Item, ItemState, Reviewed, check_label
+from headrace.policy.errors import ConfigError
+from headrace.store.base import Store
+from headrace.store.records import Age, Audit, Notice, Record
+
+if TYPE_CHECKING:
+    from headrace.pipelines.moderation.pipeline import Moderation
+
+CLAIM = "claim"  # the kind of a claim's record
+FREE = "free"
+HELD = "held:"  # a held claim's state: held:<moderator>
+DEFAULT_CLAIM_TTL = 300.0
+DEFAULT_UNDO_WINDOW = 30.0
+MAX_BULK = 500
+PAGE = 1000
+
+# Why an item is rejected, picked by number on the page (1 to 6): kept with the decision, sent
+# with its notice.
+REJECT_REASONS: tuple[tuple[str, str], ...] = (
+    ("off_topic", "not about the event"),
+    ("personal_data", "shows personal data or a person who did not agree"),
+    ("offensive", "offensive or hateful"),
+    ("explicit", "sexual or violent"),
+    ("low_quality", "blurred, dark or silent"),
+    ("other", "another reason"),
+)
+REASON_CODES = frozenset(code for code, _ in REJECT_REASONS)
+
+
+@dataclass(frozen=True)
+class ReviewRules:
+    """How long a claim lasts unrenewed, and how long a decision may be undone by its maker."""
+
+    claim_ttl: float = DEFAULT_CLAIM_TTL
+    undo_window: float = DEFAULT_UNDO_WINDOW
+
+    def __post_init__(self) -> None:
+        for name, low in (("claim_ttl", 1.0), ("undo_window", 0.0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"review.{name}: expected seconds, got {value!r}")
+            if not low <= value <= 86400:
+                raise ConfigError(f"review.{name}: expected {low:g} to 86400 seconds, got {value}")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """An item's claim as it is: who holds it (None: free) since when, until when unrenewed."""
+
+    media_id: str
+    event: str
+    holder: str | None
+    since: float
+    until: float
+
+    def live(self, now: float) -> bool:
+        return self.holder is not None and now < self.until
+
+    def held_by_other(self, who: str, now: float) -> bool:
+        return self.live(now) and self.holder != who
+
+
+class ClaimedByOther(ConfigError):
+    """The item is held by another moderator: look at another one."""
+
+    def __init__(self, claim: Claim) -> None:
+        super().__init__(f"media id {claim.media_id}: {claim.holder} is reviewing it")
+        self.claim = claim
+
+
+class NotReviewable(ConfigError):
+    """The item is not (or no longer) in the state the action needs."""
+
+    def __init__(self, item: Item, action: str) -> None:
+        super().__init__(f"media id {item.media_id}: cannot be {action}, it is {item.state.value}")
+        self.item = item
+
+
+@dataclass(frozen=True)
+class BulkResult:
+    """One item of a bulk decision: `applied`, or why not (`conflict`: `decided` with the state
+    it is in, `claimed` with who holds it, `missing`)."""
+
+    media_id: str
+    applied: bool
+    state: str | None
+    conflict: Literal["decided", "claimed", "missing"] | None = None
+    holder: str | None = None
+
+
+def session_label(session: str) -> str:
+    """A short label for a contributor's event-local session, for moderators: a digest of the
+    session id (itself a random cookie value), never anything about the device."""
+    return "guest-" + hashlib.sha256(session.encode()).hexdigest()[:6]
+
+
+def check_reason(reason: str | None) -> str | None:
+    if reason is not None and reason not in REASON_CODES:
+        known = ", ".join(sorted(REASON_CODES))
+        raise ConfigError(f"reason: expected one of {known}, got {reason!r}")
+    return reason
+
+
+class Review:
+    """Claims and decisions on a moderation pipeline's items (`Moderation.reviews`)."""
+
+    def __init__(self, moderation: Moderation, rules: ReviewRules | None = None) -> None:
+        self.moderation = moderation
+        self.rules = rules or ReviewRules()
+
+    @property
+    def store(self) -> Store:
+        return self.moderation.app.store
+
+    # -- claims
+
+    def _claim_of(self, record: Record) -> Claim:
+        holder = record.state[len(HELD) :] if record.state.startswith(HELD) else None
+        since = record.changed_at
+        return Claim(record.id, record.scope, holder, since, since + self.rules.claim_ttl)
+
+    async def claim(self, media_id: str, by: str) -> Claim:
+        """Take the item for `by` (or renew `by`'s claim): ClaimedByOther while another
+        moderator's claim is live, NotReviewable unless the item waits for a decision."""
+        check_label(by, "by")
+        item = await self.moderation.records.get(media_id)
+        if item.state is not ItemState.REVIEWABLE:
+            raise NotReviewable(item, "claimed")
+        held = HELD + by
+        audit = Audit("claim.taken", by)
+        made = await self.store.put_record(
+            CLAIM, item.media_id, scope=item.event, state=held, audit=audit
+        )
+        if made.applied:
+            return self._claim_of(made.record)
+        for _ in range(3):  # the claim moved while it was read: look again
+            found = self._claim_of(made.record)
+            now = await self.store.now()
+            if found.holder is None or found.holder == by:
+                when, age = {FREE, held}, None
+            elif found.live(now):
+                await self.store.write_audit(
+                    CLAIM,
+                    item.media_id,
+                    scope=item.event,
+                    audit=audit,
+                    outcome=f"unchanged: {made.record.state}",
+                )
+                raise ClaimedByOther(found)
+            else:  # lapsed: taken only if its holder still has not renewed it
+                when, age = {made.record.state}, Age(at_least=self.rules.claim_ttl)
+            changed = await self.store.change_record(
+                CLAIM,
+                item.media_id,
+                state=held,
+                body={"renewals": int(made.record.body.get("renewals", 0)) + (found.holder == by)},
+                when=when,
+                age=age,
+                audit=audit,
+            )
+            if changed.applied:
+                return self._claim_of(changed.record)
+            made = changed
+        raise ClaimedByOther(self._claim_of(made.record))
+
+    async def release(
+        self, media_id: str, by: str, *, admin: bool = False, reason: str | None = None
+    ) -> bool:
+        """Give a claim back (`by` its holder, or any claim by an admin, with a reason);
+        whether it was held and is now free."""
+        check_label(by, "by")
+        found = await self.store.get_record(CLAIM, check_media_id(media_id))
+        if found is None or found.state == FREE:
+            return False
+        if admin:
+            if not reason or len(reason) > 200:
+                raise ConfigError("reason: an admin releasing a claim says why (1 to 200 chars)")
+            holder = found.state[len(HELD) :]
+            audit = Audit("claim.released", by, {"reason": reason, "holder": holder})
+            when = {found.state}
+        else:
+            audit = Audit("claim.released", by)
+            when = {HELD + by}
+        changed = await self.store.change_record(
+            CLAIM, found.id, state=FREE, when=when, audit=audit
+        )
+        return changed.applied
+
+    async def claims(self, event: str) -> dict[str, Claim]:
+        """The live claims on the event's items, by media id."""
+        check_label(event, "event")
+        now = await self.store.now()
+        live: dict[str, Claim] = {}
+        after = 0
+        while True:
+            page = await self.store.list_records(CLAIM, scope=event, after=after, limit=PAGE)
+            for record in page:
+                claim = self._claim_of(record)
+                if claim.live(now):
+                    live[claim.media_id] = claim
+            if len(page) < PAGE:
+                return live
+            after = page[-1].seq
+
+    async def next_item(
+        self, event: str, by: str, *, after: int = 0, upto: int | None = None
+    ) -> tuple[Item | None, list[Claim]]:
+        """Claim for `by` the first reviewable item of the event past seq `after` (and up to
+        `upto`) that nobody else holds; the item (None: none left) and the claims of others
+        met on the way."""
+        check_label(by, "by")
+        others: list[Claim] = []
+        now = await self.store.now()
+        held = await self.claims(event)
+        while True:
+            page = await self.store.list_records(
+                ITEM, scope=event, state=ItemState.REVIEWABLE.value, after=after, limit=100
+            )
+            for record in page:
+                if upto is not None and record.seq > upto:
+                    return None, others
+                claim = held.get(record.id)
+                if claim is not None and claim.held_by_other(by, now):
+                    others.append(claim)
+                    continue
+                try:
+                    await self.claim(record.id, by)
+                except ClaimedByOther as taken:
+                    others.append(taken.claim)
+                    continue
+                except NotReviewable:
+                    continue
+                return await self.moderation.records.get(record.id), others
+            if len(page) < 100:
+                return None, others
+            after = page[-1].seq
+
+    # -- decisions
+
+    async def decide(
+        self, media_id: str, *, approve: bool, by: str, reason: str | None = None
+    ) -> Reviewed:
+        """A moderator's decision on a reviewable item, once `by` holds its claim: the first
+        decision stands and owes one notice; a repeat of it changes nothing. ClaimedByOther
+        while another moderator holds it; NotReviewable when it was decided otherwise."""
+        check_label(by, "by")
+        check_reason(reason if not approve else None)
+        if approve and reason is not None:
+            raise ConfigError("reason: only a rejection takes one")
+        wanted = ItemState.APPROVED if approve else ItemState.REJECTED
+        item = await self.moderation.records.get(media_id)
+        detail: dict[str, object] = {} if reason is None else {"reason": reason}
+        audit = Audit(f"review.{wanted.value}", by, detail)
+        if item.state is ItemState.REVIEWABLE:
+            try:
+                await self.claim(item.media_id, by)
+            except NotReviewable as moved:
+                item = moved.item
+            except ClaimedByOther as taken:
+                await self._refused(item, audit, f"unchanged: held by {taken.claim.holder}")
+                raise
+        changed = await self.store.change_record(
+            ITEM,
+            item.media_id,
+            state=wanted.value,
+            body={"decided_by": by, "decision_reason": reason},
+            when={ItemState.REVIEWABLE.value},
+            audit=audit,
+            notice=Notice(f"item.{wanted.value}", {"media_id": item.media_id, **detail}),
+        )
+        decided = Item.of(changed.record)
+        if changed.applied:
+            await self._drop_claim(item.media_id)
+        if changed.applied or decided.state is wanted:
+            return Reviewed(decided, changed.applied)
+        raise NotReviewable(decided, wanted.value)
+
+    async def decide_many(
+        self,
+        media_ids: Sequence[str],
+        *,
+        approve: bool,
+        by: str,
+        reason: str | None = None,
+    ) -> list[BulkResult]:
+        """`decide` for each item in turn (at most MAX_BULK): each its own claim, audit row and
+        notice; a conflict on one is reported for it and the rest go on."""
+        ids = list(dict.fromkeys(check_media_id(media_id) for media_id in media_ids))
+        if not 0 < len(ids) <= MAX_BULK:
+            raise ConfigError(f"media_ids: expected 1 to {MAX_BULK} items, got {len(ids)}")
+        results: list[BulkResult] = []
+        for media_id in ids:
+            try:
+                done = await self.decide(media_id, approve=approve, by=by, reason=reason)
+            except ClaimedByOther as taken:
+                results.append(
+                    BulkResult(media_id, False, "reviewable", "claimed", taken.claim.holder)
+                )
+            except NotReviewable as moved:
+                results.append(BulkResult(media_id, False, moved.item.state.value, "decided"))
+            except ConfigError:
+                results.append(BulkResult(media_id, False, None, "missing"))
+            else:
+                results.append(BulkResult(media_id, done.applied, done.item.state.value))
+        return results
+
+    async def undo(self, media_id: str, by: str) -> Item:
+        """Undo `by`'s decision within the undo window: the item is reviewable again, held by
+        `by`, and the outbox sends one correction (`item.reopened`). NotReviewable when the
+        item is not decided, was decided by another, or the window has passed."""
+        check_label(by, "by")
+        item = await self.moderation.records.get(media_id)
+        audit = Audit("review.undone", by, {"was": item.state.value})
+        if item.state not in (ItemState.APPROVED, ItemState.REJECTED):
+            raise NotReviewable(item, "undone")
+        if item.decided_by != by:
+            await self._refused(item, audit, f"unchanged: decided by {item.decided_by}")
+            raise ConfigError(
+                f"media id {item.media_id}: {item.decided_by} decided it; only they may undo it"
+            )
+        changed = await self.store.change_record(
+            ITEM,
+            item.media_id,
+            state=ItemState.REVIEWABLE.value,
+            body={"decided_by": None, "decision_reason": None},
+            when={item.state.value},
+            age=Age(at_most=self.rules.undo_window),
+            audit=audit,
+            notice=Notice("item.reopened", {"media_id": item.media_id, "was": item.state.value}),
+        )
+        reopened = Item.of(changed.record)
+        if not changed.applied:
+            raise NotReviewable(reopened, f"undone after {self.rules.undo_window:g} s")
+        with contextlib.suppress(ClaimedByOther, NotReviewable):  # taken at once: theirs
+            await self.claim(reopened.media_id, by)
+        return reopened
+
+    async def change(self, media_id: str, *, approve: bool, by: str, reason: str) -> Item:
+        """An admin's change of a decision, with a reason: the item moves to the other
+        decision and the outbox sends the correction (`item.decision_changed`)."""
+        check_label(by, "by")
+        if not isinstance(reason, str) or not 0 < len(reason.strip()) <= 200:
+            raise ConfigError("reason: an admin changing a decision says why (1 to 200 characters)")
+        wanted = ItemState.APPROVED if approve else ItemState.REJECTED
+        other = ItemState.REJECTED if approve else ItemState.APPROVED
+        item = await self.moderation.records.get(media_id)
+        changed = await self.store.change_record(
+            ITEM,
+            item.media_id,
+            state=wanted.value,
+            body={"decided_by": by, "decision_reason": None},
+            when={other.value},
+            audit=Audit("review.changed", by, {"reason": reason, "was": item.state.value}),
+            notice=Notice(
+                "item.decision_changed",
+                {"media_id": item.media_id, "state": wanted.value, "was": other.value},
+            ),
+        )
+        if not changed.applied:
+            raise NotReviewable(Item.of(changed.record), f"changed to {wanted.value}")
+        return Item.of(changed.record)
+
+    async def pending_by_session(self, event: str) -> dict[str, int]:
+        """How many items of each session wait for a decision."""
+        counts: dict[str, int] = {}
+        for item in await self.moderation.records.all(event=event, state=ItemState.REVIEWABLE):
+            counts[item.session] = counts.get(item.session, 0) + 1
+        return counts
+
+    async def _drop_claim(self, media_id: str) -> None:
+        """A decided item's claim goes: nobody needs to hold it now."""
+        await self.store.delete_records(CLAIM, [media_id])
+
+    async def _refused(self, item: Item, audit: Audit, outcome: str) -> None:
+        await self.store.write_audit(
+            ITEM, item.media_id, scope=item.event, audit=audit, outcome=outcome
+        )
+
+    async def forget(self, media_ids: Collection[str]) -> None:
+        """The claims of items that are gone."""
+        await self.store.delete_records(CLAIM, list(media_ids))
