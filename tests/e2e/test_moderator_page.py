@@ -141,13 +141,20 @@ def test_two_moderators_approving_one_item_at_once_converge(server: Server) -> N
             for page in pages:
                 page.wait_for_selector(".notice")
             notices = sorted(page.inner_text(".notice") for page in pages)
-            assert notices == ["Approved.", "Someone decided that item already."]
+            # the second finds it decided, or (still) claimed by the first: the page that
+            # opened first claimed the item in its focus
+            assert notices[0] == "Approved."
+            assert notices[1] in (
+                "Someone decided that item already.",
+                "Another moderator is reviewing that item.",
+            )
         finally:
             browser.close()
     audit, outbox = read(server.db, lambda store: trail(store, media_id))
     reviews = [row for row in audit if row.action == "review.approved"]
     assert sorted(row.actor for row in reviews) == ["moderator", "moderator-2"]
-    assert sorted(row.outcome for row in reviews) == ["applied", "unchanged: approved"]
+    outcomes = sorted(row.outcome for row in reviews)
+    assert outcomes[0] == "applied" and outcomes[1].startswith("unchanged: ")
     assert [(n.topic, n.record_id) for n in outbox] == [("item.approved", media_id)]
     assert item_states(server, [media_id]) == {media_id: "approved"}
 

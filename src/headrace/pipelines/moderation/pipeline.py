@@ -81,7 +81,7 @@ from headrace.store.types import TaskState
 if TYPE_CHECKING:
     from headrace.pipelines.moderation.review import ReviewRules
 
-DERIVE_VERSION = 1
+DERIVE_VERSION = 2  # 2: playable copies of audio and video, the waveform on a decibel scale
 # A decoding child's own memory beside what it decodes: the pages it writes of the forkserver's
 # interpreter and libraries (the rest it shares with the forkserver), its stack and arenas.
 CHILD_BASE = 32 << 20

@@ -85,6 +85,27 @@ def wav(seconds: float = 1.0, *, rate: int = 16_000, pitch: float = 440.0) -> by
     return out.getvalue()
 
 
+def voice_note(seconds: float = 2.0, *, rate: int = 16_000) -> bytes:
+    """Something like a voice note, 16-bit mono: bursts of tone of changing loudness (a word
+    every half second, a quarter of a second long), silence between them and in the last
+    quarter."""
+    frames = int(seconds * rate)
+    samples = []
+    for i in range(frames):
+        at = i / rate
+        word = int(at / 0.5)
+        speaking = at % 0.5 < 0.25 and at < seconds * 0.75
+        loudness = (4_000, 16_000, 9_000)[word % 3] if speaking else 0
+        samples.append(struct.pack("<h", int(loudness * math.sin(2 * math.pi * 220 * at))))
+    out = io.BytesIO()
+    with wave.open(out, "wb") as sound:
+        sound.setnchannels(1)
+        sound.setsampwidth(2)
+        sound.setframerate(rate)
+        sound.writeframes(b"".join(samples))
+    return out.getvalue()
+
+
 def mp3(seconds: float = 1.0, *, rate: int = 44_100) -> bytes:
     return _audio("mp3", "libmp3lame", seconds, rate)
 

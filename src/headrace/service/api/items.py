@@ -1,5 +1,7 @@
-"""Items for moderators: an event's items in a stable order, one item, its preview, its audit
-trail, and the decision (`approve`, `reject`: idempotent; the first decision stands).
+"""Items for moderators: an event's items in a stable order, one item, its preview and its
+playable copy, its audit trail; claims, decisions (`approve`, `reject`: idempotent, the first
+stands; a decision needs the item's claim, taken on the way when it is free), bulk decisions,
+undo within the window, and an admin's change of a decision (pipelines/moderation/review.py).
 
 A preview kept in a directory is a file the service sends. One kept in a bucket reaches the
 browser as `--media-delivery` says: `redirect` (307 to a URL signed for that request, valid a
@@ -8,16 +10,31 @@ or `stream` (through the service, as it arrives from the bucket)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Response
 from fastapi.responses import FileResponse, RedirectResponse, StreamingResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
-from headrace.pipelines.moderation.derive import POSTER, PREVIEW, THUMBNAIL, WAVEFORM
+from headrace.pipelines.moderation.derive import (
+    AUDIO_PLAYBACK,
+    POSTER,
+    PREVIEW,
+    THUMBNAIL,
+    VIDEO_PREVIEW,
+    WAVEFORM,
+)
 from headrace.pipelines.moderation.media import LocalFile, Served, SignedUrl
 from headrace.pipelines.moderation.pipeline import ITEM, Item, ItemState
-from headrace.pipelines.moderation.review import ClaimedByOther
+from headrace.pipelines.moderation.review import (
+    MAX_BULK,
+    REASON_CODES,
+    BulkResult,
+    Claim,
+    ClaimedByOther,
+    NotReviewable,
+    session_label,
+)
 from headrace.policy.errors import ConfigError
 from headrace.service.api.auth import Principal, Role
 from headrace.service.api.deps import (
@@ -39,6 +56,10 @@ PREVIEWS = {  # what the page shows of each class, and the smaller one for lists
     "video": (POSTER, POSTER),
     "audio": (WAVEFORM, WAVEFORM),
 }
+PLAYABLE = {  # a class's playable copy, and its media type
+    "video": (VIDEO_PREVIEW, "video/mp4"),
+    "audio": (AUDIO_PLAYBACK, "audio/mp4"),
+}
 
 
 class ItemView(BaseModel):
@@ -54,6 +75,12 @@ class ItemView(BaseModel):
     seq: int
     preview: str | None  # the preview's URL, once derived
     thumbnail: str | None
+    playback: str | None  # audio and video: the playable copy's URL, once derived
+    uploaded_at: float  # by the store's clock
+    session: str  # the contributor's event-local session, as a short label
+    priority: float  # staff priority: its share of its session's turns (1: none set)
+    decided_by: str | None
+    decision_reason: str | None
 
 
 class ItemPage(BaseModel):
@@ -76,10 +103,12 @@ class AuditView(BaseModel):
 
 
 def view(item: Item) -> ItemView:
-    preview = thumbnail = None
+    preview = thumbnail = playback = None
     if item.derived is not None and item.media_class in PREVIEWS:
         base = f"/v1/items/{item.media_id}/preview"
         preview, thumbnail = base, f"{base}?size=small"
+    if item.derived is not None and item.media_class in PLAYABLE:
+        playback = f"/v1/items/{item.media_id}/playback"
     return ItemView(
         media_id=item.media_id,
         event=item.event,
@@ -93,6 +122,12 @@ def view(item: Item) -> ItemView:
         seq=item.seq,
         preview=preview,
         thumbnail=thumbnail,
+        playback=playback,
+        uploaded_at=item.uploaded_at,
+        session=session_label(item.session),
+        priority=item.weight,
+        decided_by=item.decided_by,
+        decision_reason=item.decision_reason,
     )
 
 
@@ -163,16 +198,45 @@ async def preview_answer(svc: Service, item: Item, *, small: bool) -> Response:
     return preview_response(served)
 
 
-def preview_response(served: Served | None) -> Response:
+def preview_response(served: Served | None, media_type: str = "image/webp") -> Response:
+    """A derivative as `--media-delivery` says. A local file answers Range requests (a player
+    seeks with them)."""
     if served is None:
         raise not_found("preview")
     if isinstance(served, LocalFile):
-        return FileResponse(served.path, media_type="image/webp", headers=PRIVATE)
+        return FileResponse(served.path, media_type=media_type, headers=PRIVATE)
     if isinstance(served, SignedUrl):
         # A signed URL is a credential for its minutes: no cache keeps the redirect.
         return RedirectResponse(served.url, 307, headers={"Cache-Control": "private, no-store"})
     headers = {**PRIVATE, "Content-Length": str(served.size)}
-    return StreamingResponse(served.chunks, media_type="image/webp", headers=headers)
+    return StreamingResponse(served.chunks, media_type=media_type, headers=headers)
+
+
+async def playback_answer(svc: Service, item: Item) -> Response:
+    """An item's playable copy (audio or video) as `--media-delivery` says."""
+    found = PLAYABLE.get(item.media_class or "")
+    if item.derived is None or found is None:
+        raise not_found("playable copy")
+    name, media_type = found
+    served = await svc.moderation.media.preview(
+        item.derived, name, signed=svc.settings.media_delivery == "redirect"
+    )
+    return preview_response(served, media_type)
+
+
+@router.get(
+    "/v1/items/{media_id}/playback",
+    response_class=Response,
+    summary="An item's playable copy (audio: AAC in MP4; video: H.264 and AAC in MP4)",
+    responses={
+        200: {"content": {"audio/mp4": {}, "video/mp4": {}}},
+        206: {"description": "the range asked for"},
+        307: {"description": "fetch it from the media store, by a URL valid a few minutes"},
+        404: {"description": "none: not audio or video, or not derived yet"},
+    },
+)
+async def playback(media_id: MediaId, svc: TheService, who: Caller) -> Response:
+    return await playback_answer(svc, await visible_item(svc, who, media_id, "read"))
 
 
 PRIVATE = {"Cache-Control": "private"}
@@ -190,19 +254,38 @@ async def item_audit(media_id: MediaId, svc: TheService, who: Caller) -> list[Au
     ]
 
 
-async def decide(svc: Service, who: Principal, media_id: str, *, approve: bool) -> Decision:
+class DecisionAsked(BaseModel):
+    reason: str | None = None  # a rejection's reason: a code of `review.REJECT_REASONS`
+
+
+async def decide(
+    svc: Service, who: Principal, media_id: str, *, approve: bool, reason: str | None = None
+) -> Decision:
     action = "review.approved" if approve else "review.rejected"
     await visible_item(svc, who, media_id, action)
+    check_reason_field(reason, approve)
     try:
-        reviewed = await svc.moderation.review(media_id, approve=approve, by=who.name)
+        reviewed = await svc.moderation.review(
+            media_id, approve=approve, by=who.name, reason=reason
+        )
     except ClaimedByOther as taken:
         raise claimed(taken) from None
-    except ConfigError:
-        state = (await svc.moderation.records.get(media_id)).state.value
+    except NotReviewable as moved:
+        state = moved.item.state.value
         raise ApiError(
             409, "conflict", f"the item is {state}: only a reviewable item can be decided"
         ) from None
     return Decision(item=view(reviewed.item), applied=reviewed.applied)
+
+
+def check_reason_field(reason: str | None, approve: bool) -> None:
+    if reason is None:
+        return
+    if approve:
+        raise ApiError(422, "invalid", "reason: only a rejection takes one")
+    if reason not in REASON_CODES:
+        known = ", ".join(sorted(REASON_CODES))
+        raise ApiError(422, "invalid", f"reason: expected one of {known}")
 
 
 def claimed(taken: ClaimedByOther) -> ApiError:
@@ -211,7 +294,7 @@ def claimed(taken: ClaimedByOther) -> ApiError:
     return ApiError(
         409,
         "claimed",
-        f"{claim.holder} is reviewing this item; take another, or wait until {claim.until:.0f}",
+        f"{claim.holder} is reviewing this item; take another, or wait until its claim lapses",
     )
 
 
@@ -239,8 +322,162 @@ async def approve(media_id: MediaId, svc: TheService, who: Caller) -> Decision:
 @router.post(
     "/v1/items/{media_id}/reject",
     response_model=Decision,
-    summary="Reject a reviewable item",
+    summary="Reject a reviewable item (with a reason, optionally)",
     responses=DECISION_ANSWERS,
 )
-async def reject(media_id: MediaId, svc: TheService, who: Caller) -> Decision:
-    return await decide(svc, who, media_id, approve=False)
+async def reject(
+    media_id: MediaId, svc: TheService, who: Caller, asked: DecisionAsked | None = None
+) -> Decision:
+    reason = None if asked is None else asked.reason
+    return await decide(svc, who, media_id, approve=False, reason=reason)
+
+
+# -- claims
+
+
+class ClaimView(BaseModel):
+    media_id: str
+    holder: str | None  # None: free
+    since: float
+    until: float  # when it lapses unless renewed (by the store's clock)
+
+
+def claim_view(claim: Claim) -> ClaimView:
+    return ClaimView(
+        media_id=claim.media_id, holder=claim.holder, since=claim.since, until=claim.until
+    )
+
+
+@router.post(
+    "/v1/items/{media_id}/claim",
+    response_model=ClaimView,
+    summary="Claim an item for review (or renew one's claim)",
+    responses={409: {"description": "another moderator holds it (`claimed`), or it is decided"}},
+)
+async def take_claim(media_id: MediaId, svc: TheService, who: Caller) -> ClaimView:
+    await visible_item(svc, who, media_id, "claim.taken")
+    try:
+        return claim_view(await svc.moderation.reviews.claim(media_id, who.name))
+    except ClaimedByOther as taken:
+        raise claimed(taken) from None
+    except NotReviewable as moved:
+        raise ApiError(409, "conflict", f"the item is {moved.item.state.value}") from None
+
+
+class Release(BaseModel):
+    reason: str | None = None  # an admin releasing another's claim says why
+
+
+@router.post(
+    "/v1/items/{media_id}/claim/release",
+    summary="Give a claim back (an admin: anyone's, with a reason)",
+    responses={200: {"description": "`released`: whether a claim was held and is now free"}},
+)
+async def release_claim(
+    media_id: MediaId, svc: TheService, who: Caller, asked: Release | None = None
+) -> dict[str, bool]:
+    await visible_item(svc, who, media_id, "claim.released")
+    admin = who.role.holds(Role.ADMIN) and asked is not None and asked.reason is not None
+    reason = None if asked is None else asked.reason
+    try:
+        released = await svc.moderation.reviews.release(
+            media_id, who.name, admin=admin, reason=reason
+        )
+    except ConfigError as error:
+        raise ApiError(422, "invalid", str(error)) from None
+    return {"released": released}
+
+
+# -- undo, an admin's change, bulk
+
+
+@router.post(
+    "/v1/items/{media_id}/undo",
+    response_model=ItemView,
+    summary="Undo one's own decision within the undo window",
+    responses={409: {"description": "not decided, decided by another, or past the window"}},
+)
+async def undo(media_id: MediaId, svc: TheService, who: Caller) -> ItemView:
+    await visible_item(svc, who, media_id, "review.undone")
+    try:
+        return view(await svc.moderation.reviews.undo(media_id, who.name))
+    except ConfigError as error:
+        raise ApiError(409, "conflict", str(error).split(": ", 1)[-1]) from None
+
+
+class Change(BaseModel):
+    decision: Literal["approve", "reject"]
+    reason: str
+
+
+@router.post(
+    "/v1/items/{media_id}/change",
+    response_model=ItemView,
+    summary="An admin's change of a decision, with a reason",
+    responses={409: {"description": "the item is not decided the other way"}},
+)
+async def change(media_id: MediaId, asked: Change, svc: TheService, who: Caller) -> ItemView:
+    await require(svc, who, Role.ADMIN, kind=ITEM, record_id=media_id, action="review.changed")
+    await visible_item(svc, who, media_id, "review.changed")
+    try:
+        changed = await svc.moderation.reviews.change(
+            media_id, approve=asked.decision == "approve", by=who.name, reason=asked.reason
+        )
+    except NotReviewable as moved:
+        raise ApiError(409, "conflict", f"the item is {moved.item.state.value}") from None
+    except ConfigError as error:
+        raise ApiError(422, "invalid", str(error)) from None
+    return view(changed)
+
+
+class Bulk(BaseModel):
+    decision: Literal["approve", "reject"]
+    media_ids: list[Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]] = Field(
+        min_length=1, max_length=MAX_BULK
+    )
+    reason: str | None = None
+
+
+class BulkItem(BaseModel):
+    media_id: str
+    applied: bool
+    state: str | None
+    conflict: str | None  # `decided`, `claimed` (by `holder`) or `missing`
+    holder: str | None
+
+
+def bulk_view(result: BulkResult) -> BulkItem:
+    return BulkItem(
+        media_id=result.media_id,
+        applied=result.applied,
+        state=result.state,
+        conflict=result.conflict,
+        holder=result.holder,
+    )
+
+
+@router.post(
+    "/v1/events/{event}/decisions",
+    response_model=list[BulkItem],
+    summary="Approve or reject many items at once, each with its own audit row and notice",
+)
+async def bulk(event: Event, asked: Bulk, svc: TheService, who: Caller) -> list[BulkItem]:
+    await require(svc, who, Role.MODERATOR, event=event)
+    check_reason_field(asked.reason, asked.decision == "approve")
+    results = await bulk_decide(svc, who, event, asked)
+    return [bulk_view(result) for result in results]
+
+
+async def bulk_decide(svc: Service, who: Principal, event: str, asked: Bulk) -> list[BulkResult]:
+    """The bulk decision on the items of `event` among those asked (others are `missing`)."""
+    theirs: list[str] = []
+    missing: list[str] = []
+    for media_id in dict.fromkeys(asked.media_ids):
+        found = await svc.store.get_record(ITEM, media_id)
+        (theirs if found is not None and found.scope == event else missing).append(media_id)
+    results = []
+    if theirs:
+        results = await svc.moderation.reviews.decide_many(
+            theirs, approve=asked.decision == "approve", by=who.name, reason=asked.reason
+        )
+    return results + [BulkResult(media_id, False, None, "missing") for media_id in missing]

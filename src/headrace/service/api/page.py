@@ -7,24 +7,44 @@ a line above it counts them ("Show 3 new items", refreshed by the script), and t
 chooses when to cross it. Approve and reject are forms (a form token bound to the sign-in);
 after a decision the page comes back with the same boundary, so the rest stays where it was.
 
-Every form that changes something (sign-in, sign-out, a decision) is a route of `forms`, which
-refuses one sent from another site before anything else (`same_site`): 403 `forbidden`,
-nothing done (the sign-in form again, for a sign-in). Each needs a form token too: sign-out and
-decisions the one bound to the sign-in's cookie, a sign-in the one bound to the cookie the
-sign-in form came with.
+Review by keyboard (static/page.js, docs/service.md "Moderating"): the item in focus is
+claimed for the moderator (renewed while it stays in focus, given back when focus leaves it
+undecided); j and k move to the next and previous item nobody else holds, a approves, r rejects
+with a reason picked by number, u undoes the last decision within its window, s selects the
+pending items of the focused item's session and x one item, for a bulk decision; ? lists the
+keys. These are JSON calls of the page (`/moderate/{event}/...`), each checked like a form. The
+page polls `/moderate/{event}/new` every two seconds: the count of new items above the list, who
+holds which item, and which items were decided meanwhile, marked where they are: the list never
+reorders and nothing is inserted above the cursor.
+
+Every form that changes something (sign-in, sign-out, a decision, a claim) is a route of
+`forms`, which refuses one sent from another site before anything else (`same_site`): 403
+`forbidden`, nothing done (the sign-in form again, for a sign-in). Each needs a form token too:
+sign-out and the page's actions the one bound to the sign-in's cookie (a form field, or the
+`X-Form-Token` header of the page's calls), a sign-in the one bound to the cookie the sign-in
+form came with.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from importlib import resources
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Form, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from pydantic import BaseModel, Field
 
 from headrace.pipelines.moderation.pipeline import ITEM, Item, ItemState
+from headrace.pipelines.moderation.review import (
+    MAX_BULK,
+    REJECT_REASONS,
+    Claim,
+    ClaimedByOther,
+    NotReviewable,
+)
 from headrace.policy.errors import ConfigError
 from headrace.service.api import auth, websafety
 from headrace.service.api.auth import Principal, Role
@@ -36,7 +56,16 @@ from headrace.service.api.deps import (
     deny,
     service,
 )
-from headrace.service.api.items import ItemView, preview_answer, view
+from headrace.service.api.items import (
+    Bulk,
+    ItemView,
+    bulk_decide,
+    bulk_view,
+    check_reason_field,
+    playback_answer,
+    preview_answer,
+    view,
+)
 from headrace.service.api.uploads import Event
 
 router = APIRouter(include_in_schema=False)  # what the page shows
@@ -98,13 +127,14 @@ def render(request: Request, name: str, status: int = 200, **context: Any) -> HT
 
 
 def content_policy(media_origin: str | None) -> str:
-    """The page's Content-Security-Policy: everything from this service, and images from
-    `media_origin` too (where previews are redirected to, when they are)."""
-    images = "img-src 'self'" if media_origin is None else f"img-src 'self' {media_origin}"
+    """The page's Content-Security-Policy: everything from this service, and images, sound and
+    video from `media_origin` too (where previews are redirected to, when they are)."""
+    origin = "" if media_origin is None else f" {media_origin}"
     return "; ".join(
         (
             "default-src 'self'",
-            images,
+            f"img-src 'self'{origin}",
+            f"media-src 'self'{origin}",
             "script-src 'self'",
             "style-src 'self'",
             "frame-ancestors 'none'",
@@ -221,31 +251,59 @@ async def queue(
     found = await svc.store.list_records(ITEM, scope=event, state=REVIEWABLE, limit=PAGE_SIZE)
     if upto is None:  # the boundary: what is reviewable now
         upto = found[-1].seq if found else 0
-    items = [view(Item.of(record)) for record in found if record.seq <= upto]
+    listed = [Item.of(record) for record in found if record.seq <= upto]
     newer, latest = await boundary(svc, event, upto)
     flagged: list[ItemView] = []
     for state in FLAGGED:
         held = await svc.store.list_records(ITEM, scope=event, state=state, limit=PAGE_SIZE)
         flagged.extend(view(Item.of(record)) for record in held)
+    reviews = svc.moderation.reviews
+    pending = await reviews.pending_by_session(event)
+    claims = await reviews.claims(event)
+    now = await svc.store.now()
+    items = [
+        ItemContext(
+            view(item),
+            pending=pending.get(item.session, 0),
+            holder=claims[item.media_id].holder if item.media_id in claims else None,
+        )
+        for item in listed
+    ]
     return render(
         request,
         "queue.html",
         who=who,
+        admin=who.role.holds(Role.ADMIN),
         form_token=auth.form_token(cookie),
         event=event,
         items=items,
         upto=upto,
+        cursor=max((item.seq for item in listed), default=upto),
         newer=newer,
         latest=latest,
         flagged=sorted(flagged, key=lambda item: item.seq),
         message=MESSAGES.get(message or ""),
+        now=now,
+        reasons=REJECT_REASONS,
+        rules=reviews.rules,
     )
+
+
+@dataclass(frozen=True)
+class ItemContext:
+    """An item as the page shows it: with how many of its session's items are pending and who
+    else holds it now."""
+
+    item: ItemView
+    pending: int
+    holder: str | None
 
 
 MESSAGES = {
     "approved": "Approved.",
     "rejected": "Rejected.",
     "decided": "Someone decided that item already.",
+    "claimed": "Another moderator is reviewing that item.",
 }
 
 
@@ -255,12 +313,26 @@ async def new_items(
     event: Event,
     svc: TheService,
     upto: Annotated[int, Query(ge=0, le=2**62)] = 0,
+    since: Annotated[int | None, Query(ge=0, le=2**62)] = None,
 ) -> Response:
+    """What changed since the page was loaded: how many items became reviewable past `upto`
+    (and the seq of the last), who holds which item now, and the items that changed state past
+    `since` (decided, reopened), with the cursor to ask from next time."""
     who, _ = await page_principal(request, svc)
     if not who.sees(event):
         raise await deny(svc, who, kind="event", record_id=event, scope=event, action="page.read")
     newer, latest = await boundary(svc, event, upto)
-    return JSONResponse({"newer": newer, "latest": latest}, headers={"Cache-Control": "no-store"})
+    answer: dict[str, Any] = {"newer": newer, "latest": latest}
+    if since is not None:
+        claims = await svc.moderation.reviews.claims(event)
+        answer["claims"] = {media_id: claim.holder for media_id, claim in claims.items()}
+        changed = await svc.store.list_records(ITEM, scope=event, after=since, limit=PAGE_SIZE)
+        answer["changed"] = [
+            {"media_id": r.id, "state": r.state, "decided_by": r.body.get("decided_by")}
+            for r in changed
+        ]
+        answer["since"] = changed[-1].seq if changed else since
+    return JSONResponse(answer, headers={"Cache-Control": "no-store"})
 
 
 @forms.post("/moderate/{event}/items/{media_id}")
@@ -272,6 +344,7 @@ async def decide(
     decision: Annotated[str, Form(pattern="^(approve|reject)$")],
     form_token: Annotated[str, Form(max_length=100)] = "",
     upto: Annotated[int, Form(ge=0, le=2**62)] = 0,
+    reason: Annotated[str | None, Form(max_length=40)] = None,
 ) -> Response:
     who, cookie = await page_principal(request, svc)
     check_form_token(cookie, form_token)
@@ -279,9 +352,14 @@ async def decide(
     if record is None or record.scope != event or not who.sees(event):
         action = f"review.{decision}"
         raise await deny(svc, who, kind=ITEM, record_id=media_id, scope=event, action=action)
+    approve = decision == "approve"
     try:
-        reviewed = await svc.moderation.review(media_id, approve=decision == "approve", by=who.name)
+        reviewed = await svc.moderation.review(
+            media_id, approve=approve, by=who.name, reason=None if approve else reason or None
+        )
         message = reviewed.item.state.value if reviewed.applied else "decided"
+    except ClaimedByOther:
+        message = "claimed"
     except ConfigError:
         message = "decided"
     return RedirectResponse(f"/moderate/{event}?upto={upto}&message={message}", status_code=303)
@@ -298,3 +376,169 @@ async def media(
     if record is None or not who.sees(record.scope):
         raise ApiError(404, "not_found", "no such item")
     return await preview_answer(svc, Item.of(record), small=True)
+
+
+@router.get("/moderate/media/{media_id}/play")
+async def play(
+    request: Request,
+    media_id: Annotated[str, Path(pattern=r"^[0-9a-f]{32}$")],
+    svc: TheService,
+) -> Response:
+    who, _ = await page_principal(request, svc)
+    record = await svc.store.get_record(ITEM, media_id)
+    if record is None or not who.sees(record.scope):
+        raise ApiError(404, "not_found", "no such item")
+    return await playback_answer(svc, Item.of(record))
+
+
+# -- the page's calls: JSON, checked as forms (`same_site`, and the form token in a header)
+
+MediaIdPath = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$")]
+
+
+async def page_actor(request: Request, svc: Service, event: str, media_ids: list[str]) -> Principal:
+    """The signed-in moderator of `event` sending one of the page's calls, with the form token
+    of the sign-in in `X-Form-Token`; the items named must be the event's (else 404, audited)."""
+    try:
+        who, cookie = await page_principal(request, svc)
+    except SignInNeeded:
+        raise ApiError(401, "unauthenticated", "sign in again: /login") from None
+    check_form_token(cookie, request.headers.get("x-form-token", ""))
+    if not who.sees(event):
+        raise await deny(svc, who, kind="event", record_id=event, scope=event, action="page.act")
+    for media_id in media_ids:
+        record = await svc.store.get_record(ITEM, media_id)
+        if record is None or record.scope != event:
+            raise await deny(
+                svc, who, kind=ITEM, record_id=media_id, scope=event, action="page.act"
+            )
+    return who
+
+
+def claim_answer(claim: Claim) -> dict[str, Any]:
+    return {"media_id": claim.media_id, "holder": claim.holder, "until": claim.until}
+
+
+def conflict(error: ConfigError) -> ApiError:
+    if isinstance(error, ClaimedByOther):
+        holder = error.claim.holder or ""
+        return ApiError(409, "claimed", f"{holder} is reviewing it", headers={"X-Holder": holder})
+    if isinstance(error, NotReviewable):
+        state = error.item.state.value
+        return ApiError(409, "conflict", f"it is {state}", headers={"X-State": state})
+    return ApiError(409, "conflict", str(error).split(": ", 1)[-1])
+
+
+@forms.post("/moderate/{event}/claim/{media_id}")
+async def page_claim(
+    request: Request, event: Event, media_id: MediaIdPath, svc: TheService
+) -> Response:
+    """Claim (or renew) the item in focus."""
+    who = await page_actor(request, svc, event, [media_id])
+    try:
+        claim = await svc.moderation.reviews.claim(media_id, who.name)
+    except ConfigError as error:
+        raise conflict(error) from None
+    return JSONResponse(claim_answer(claim))
+
+
+class PageRelease(BaseModel):
+    reason: str | None = Field(default=None, max_length=200)
+
+
+@forms.post("/moderate/{event}/release/{media_id}")
+async def page_release(
+    request: Request,
+    event: Event,
+    media_id: MediaIdPath,
+    svc: TheService,
+    asked: PageRelease | None = None,
+) -> Response:
+    """Give the item's claim back (focus left it); an admin, anyone's with a reason."""
+    who = await page_actor(request, svc, event, [media_id])
+    reason = None if asked is None else asked.reason
+    admin = reason is not None and who.role.holds(Role.ADMIN)
+    try:
+        released = await svc.moderation.reviews.release(
+            media_id, who.name, admin=admin, reason=reason
+        )
+    except ConfigError as error:
+        raise ApiError(422, "invalid", str(error)) from None
+    return JSONResponse({"released": released})
+
+
+class PageNext(BaseModel):
+    after: int = Field(default=0, ge=0, le=2**62)  # the seq of the item in focus
+    upto: int = Field(ge=0, le=2**62)  # the page's boundary
+
+
+@forms.post("/moderate/{event}/next")
+async def page_next(request: Request, event: Event, asked: PageNext, svc: TheService) -> Response:
+    """Claim the next item past `after` (up to the boundary) that nobody else holds."""
+    who = await page_actor(request, svc, event, [])
+    item, others = await svc.moderation.reviews.next_item(
+        event, who.name, after=asked.after, upto=asked.upto
+    )
+    return JSONResponse(
+        {
+            "media_id": None if item is None else item.media_id,
+            "taken": {claim.media_id: claim.holder for claim in others},
+        }
+    )
+
+
+class PageDecision(BaseModel):
+    decision: Literal["approve", "reject"]
+    reason: str | None = Field(default=None, max_length=40)
+
+
+@forms.post("/moderate/{event}/decide/{media_id}")
+async def page_decide(
+    request: Request, event: Event, media_id: MediaIdPath, asked: PageDecision, svc: TheService
+) -> Response:
+    who = await page_actor(request, svc, event, [media_id])
+    check_reason_field(asked.reason, asked.decision == "approve")
+    try:
+        reviewed = await svc.moderation.review(
+            media_id, approve=asked.decision == "approve", by=who.name, reason=asked.reason
+        )
+    except ConfigError as error:
+        raise conflict(error) from None
+    window = svc.moderation.reviews.rules.undo_window
+    return JSONResponse(
+        {
+            "media_id": media_id,
+            "state": reviewed.item.state.value,
+            "applied": reviewed.applied,
+            "undo_until": await svc.store.now() + window if reviewed.applied else None,
+        }
+    )
+
+
+@forms.post("/moderate/{event}/undo/{media_id}")
+async def page_undo(
+    request: Request, event: Event, media_id: MediaIdPath, svc: TheService
+) -> Response:
+    who = await page_actor(request, svc, event, [media_id])
+    try:
+        item = await svc.moderation.reviews.undo(media_id, who.name)
+    except ConfigError as error:
+        raise conflict(error) from None
+    return JSONResponse({"media_id": media_id, "state": item.state.value})
+
+
+class PageBulk(BaseModel):
+    decision: Literal["approve", "reject"]
+    media_ids: list[Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]] = Field(
+        min_length=1, max_length=MAX_BULK
+    )
+    reason: str | None = Field(default=None, max_length=40)
+
+
+@forms.post("/moderate/{event}/bulk")
+async def page_bulk(request: Request, event: Event, asked: PageBulk, svc: TheService) -> Response:
+    who = await page_actor(request, svc, event, [])
+    bulk = Bulk(decision=asked.decision, media_ids=asked.media_ids, reason=asked.reason)
+    check_reason_field(asked.reason, asked.decision == "approve")
+    results = await bulk_decide(svc, who, event, bulk)
+    return JSONResponse([bulk_view(result).model_dump() for result in results])
