@@ -21,6 +21,7 @@ ROLES = {
     "admin": ("admin", "*"),
     "moderator": ("moderator", "gala"),
     "moderator-2": ("moderator", "gala"),
+    "moderator-3": ("moderator", "gala"),
     "other-moderator": ("moderator", "fair"),
     "uploader": ("contributor", "gala"),
 }

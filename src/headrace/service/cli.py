@@ -23,6 +23,7 @@ from headrace.pipelines.moderation.burst import Burst
 from headrace.pipelines.moderation.deploy import make_moderation
 from headrace.pipelines.moderation.media import MediaStore, MediaUnavailable
 from headrace.pipelines.moderation.pipeline import Admission
+from headrace.pipelines.moderation.review import ReviewRules
 from headrace.pipelines.moderation.scan import ClamdScanner
 from headrace.pipelines.providersim import parse_inject, parse_quotas, parse_spreads, run_server
 from headrace.pipelines.studio_scenario import Scenario
@@ -539,6 +540,19 @@ async def _serve(runner: Worker, target: str) -> None:
     metavar="SECRET",
     help="The key notifications are signed with (16 characters or more).",
 )
+@click.option(
+    "--claim-ttl",
+    default="5m",
+    show_default=True,
+    help="How long a moderator's claim on an item lasts unrenewed (the page renews it while the "
+    "item is in focus).",
+)
+@click.option(
+    "--undo-window",
+    default="30s",
+    show_default=True,
+    help="How long a moderator may undo a decision; after it, only an admin changes it.",
+)
 @admission_options
 @memory_option
 @retention_option
@@ -555,6 +569,8 @@ def serve(
     allowed_hosts: tuple[str, ...],
     notify_url: str | None,
     notify_secret: str | None,
+    claim_ttl: str,
+    undo_window: str,
     per_event: int,
     per_session: int,
     stage_bound: int,
@@ -569,7 +585,11 @@ def serve(
         relay = OutboxRelay(notify_url, notify_secret)
     admission = Admission(per_event=per_event, per_session=per_session, stage_bound=stage_bound)
     url = store_url(db) if db else None
-    moderation = make_moderation(url, media, clamd, admission=admission)
+    review = ReviewRules(
+        claim_ttl=seconds(claim_ttl, field="--claim-ttl"),
+        undo_window=seconds(undo_window, field="--undo-window"),
+    )
+    moderation = make_moderation(url, media, clamd, admission=admission, review=review)
     with_retention(moderation.app, retention)
     use_store(moderation.app.url)
     check_media(moderation.media)

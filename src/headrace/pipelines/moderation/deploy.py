@@ -21,6 +21,7 @@ import headrace as hr
 from headrace.pipelines.moderation.media import open_media
 from headrace.pipelines.moderation.pipeline import Admission, Moderation
 from headrace.pipelines.moderation.probe import Limits, MediaClass
+from headrace.pipelines.moderation.review import ReviewRules
 from headrace.pipelines.moderation.scan import BuiltinScanner, ClamdScanner, Scanner
 
 DEFAULT_URL = "sqlite:///headrace.db"
@@ -34,6 +35,7 @@ def make_moderation(
     *,
     admission: Admission | None = None,
     limits: Mapping[MediaClass, Limits] | None = None,
+    review: ReviewRules | None = None,
 ) -> Moderation:
     """The pipeline over a store and a media store (each from the environment when not
     given; a bad `media` is a ConfigError naming HEADRACE_MEDIA, or `--media` when given)."""
@@ -45,7 +47,7 @@ def make_moderation(
     else:
         where = os.environ.get("HEADRACE_MEDIA") or DEFAULT_MEDIA
         store = open_media(where, field="HEADRACE_MEDIA")
-    return Moderation(app, store, scanner, admission=admission, limits=limits)
+    return Moderation(app, store, scanner, admission=admission, limits=limits, review=review)
 
 
 def make_app() -> hr.App:

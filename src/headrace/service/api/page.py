@@ -249,8 +249,13 @@ async def queue(
     if not who.sees(event):
         raise await deny(svc, who, kind="event", record_id=event, scope=event, action="page.read")
     found = await svc.store.list_records(ITEM, scope=event, state=REVIEWABLE, limit=PAGE_SIZE)
-    if upto is None:  # the boundary: what is reviewable now
-        upto = found[-1].seq if found else 0
+    # The boundary: what is reviewable now, and never past the last item a full page lists (what
+    # the page does not show is counted as new, and `next` hands out nothing it does not show).
+    last = found[-1].seq if found else 0
+    if upto is None:
+        upto = last
+    elif len(found) == PAGE_SIZE:
+        upto = min(upto, last)
     listed = [Item.of(record) for record in found if record.seq <= upto]
     newer, latest = await boundary(svc, event, upto)
     flagged: list[ItemView] = []

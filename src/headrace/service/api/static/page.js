@@ -34,6 +34,7 @@
   let current = null; // the li in focus
   let held = null; // the media id whose claim this page holds
   let busy = false; // one action at a time: keys pressed meanwhile wait for none
+  let actionsDone = 0; // said on the body as each ends (data-actions): a script driving the page waits on it
 
   // -- talking to the service
 
@@ -152,6 +153,10 @@
       if (byId.has(id)) markHolder(byId.get(id), holder);
     }
     const li = answer.body.media_id ? byId.get(answer.body.media_id) : null;
+    if (answer.body.media_id && !li) {
+      // not on this page (it cannot be: the boundary is the last item listed): give it back
+      await call(`release/${answer.body.media_id}`);
+    }
     if (li) {
       held = li.dataset.mediaId;
       markHolder(li, null);
@@ -369,6 +374,8 @@
       await action();
     } finally {
       busy = false;
+      actionsDone += 1;
+      document.body.dataset.actions = String(actionsDone);
     }
   });
 
