@@ -532,3 +532,117 @@ async def test_the_page_signs_in_once_and_keeps_to_its_events(tmp_path: Path) ->
         h.client.cookies.set("headrace_login", cookie)
         assert (await h.client.get("/moderate/gala")).headers["location"] == "/login"
         h.client.cookies.clear()
+
+
+# -- claims, undo, an admin's change, bulk, playable copies
+
+
+async def test_a_claim_keeps_another_moderator_off_until_an_admin_releases_it(
+    tmp_path: Path,
+) -> None:
+    async with harness(tmp_path) as h:
+        media_id = await reviewable(h)
+        mine = await h.client.post(f"/v1/items/{media_id}/claim", headers=h.auth("moderator"))
+        assert mine.status_code == 200 and mine.json()["holder"] == "moderator"
+        assert mine.json()["until"] - mine.json()["since"] == 300
+        theirs = await h.client.post(f"/v1/items/{media_id}/approve", headers=h.auth("admin"))
+        assert theirs.status_code == 409 and error_code(theirs) == "claimed"
+        assert "moderator is reviewing this item" in theirs.json()["error"]["message"]
+        plain = await h.client.post(f"/v1/items/{media_id}/claim/release", headers=h.auth("admin"))
+        assert plain.json() == {"released": False}  # not the admin's own claim, and no reason
+        released = await h.client.post(
+            f"/v1/items/{media_id}/claim/release",
+            headers=h.auth("admin"),
+            json={"reason": "left for the day"},
+        )
+        assert released.json() == {"released": True}
+        done = await h.client.post(
+            f"/v1/items/{media_id}/reject", headers=h.auth("admin"), json={"reason": "offensive"}
+        )
+        assert done.status_code == 200 and done.json()["item"]["decision_reason"] == "offensive"
+        rows = await h.moderation.app.store.audit_log(kind="claim", record_id=media_id)
+        assert [(r.action, r.actor, r.outcome) for r in rows] == [
+            ("claim.taken", "moderator", "applied"),
+            ("claim.taken", "admin", "unchanged: held:moderator"),
+            ("claim.released", "admin", "unchanged: held:moderator"),  # no reason given
+            ("claim.released", "admin", "applied"),
+            ("claim.taken", "admin", "applied"),  # with its decision
+        ]
+        assert rows[3].detail == {"reason": "left for the day", "holder": "moderator"}
+
+
+async def test_undo_within_the_window_then_an_admin_changes_the_decision(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        media_id = await reviewable(h)
+        auth = h.auth("moderator")
+        await h.client.post(f"/v1/items/{media_id}/approve", headers=auth)
+        undone = await h.client.post(f"/v1/items/{media_id}/undo", headers=auth)
+        assert undone.status_code == 200 and undone.json()["state"] == "reviewable"
+        await h.client.post(f"/v1/items/{media_id}/approve", headers=auth)
+        refused = await h.client.post(
+            f"/v1/items/{media_id}/change",
+            headers=auth,
+            json={"decision": "reject", "reason": "a face shows"},
+        )
+        assert refused.status_code == 403
+        changed = await h.client.post(
+            f"/v1/items/{media_id}/change",
+            headers=h.auth("admin"),
+            json={"decision": "reject", "reason": "a face shows"},
+        )
+        assert changed.status_code == 200 and changed.json()["state"] == "rejected"
+        topics = [n.topic for n in await h.moderation.app.store.outbox()]
+        assert topics == [
+            "item.approved",
+            "item.reopened",
+            "item.approved",
+            "item.decision_changed",
+        ]
+
+
+async def test_a_bulk_decision_reports_each_item(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        ids = [await reviewable(h) for _ in range(3)]
+        await h.client.post(f"/v1/items/{ids[1]}/reject", headers=h.auth("admin"))
+        answer = await h.client.post(
+            "/v1/events/gala/decisions",
+            headers=h.auth("moderator"),
+            json={"decision": "approve", "media_ids": [*ids, "f" * 32]},
+        )
+        assert [(r["applied"], r["state"], r["conflict"]) for r in answer.json()] == [
+            (True, "approved", None),
+            (False, "rejected", "decided"),
+            (True, "approved", None),
+            (False, None, "missing"),
+        ]
+        wrong = await h.client.post(
+            "/v1/events/gala/decisions",
+            headers=h.auth("moderator"),
+            json={"decision": "approve", "media_ids": ids, "reason": "other"},
+        )
+        assert wrong.status_code == 422
+        other = await h.client.post(
+            "/v1/events/gala/decisions",
+            headers=h.auth("other-moderator"),
+            json={"decision": "approve", "media_ids": ids},
+        )
+        assert other.status_code == 404
+
+
+async def test_voice_notes_and_videos_have_a_playable_copy(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        note = await reviewable(h, data=samples.voice_note(1.0))
+        clip = await reviewable(h, data=samples.mp4(1.0, 160, 120))
+        photo = await reviewable(h)
+        auth = h.auth("moderator")
+        for media_id, media_type in ((note, "audio/mp4"), (clip, "video/mp4")):
+            item = (await h.client.get(f"/v1/items/{media_id}", headers=auth)).json()
+            assert item["playback"] == f"/v1/items/{media_id}/playback"
+            whole = await h.client.get(item["playback"], headers=auth)
+            assert whole.status_code == 200 and whole.headers["content-type"] == media_type
+            assert whole.content[4:8] == b"ftyp"
+            part = await h.client.get(item["playback"], headers={**auth, "Range": "bytes=0-99"})
+            assert part.status_code == 206 and len(part.content) == 100
+        assert (await h.client.get(f"/v1/items/{photo}", headers=auth)).json()["playback"] is None
+        none = await h.client.get(f"/v1/items/{photo}/playback", headers=auth)
+        assert none.status_code == 404

@@ -206,3 +206,105 @@ async def test_forms_of_this_service_are_acted_on(tmp_path: Path, sender: dict[s
         assert (await h.moderation.records.get(media_id)).state.value == "approved"
         out = await h.client.post("/logout", data={"form_token": token}, headers=sender)
         assert out.status_code == 303
+
+
+# -- the page's calls (review by keyboard): JSON, checked as forms, the token in a header
+
+CALLS = [
+    ("claim/{id}", {}),
+    ("decide/{id}", {"decision": "approve"}),
+    ("release/{id}", {}),
+    ("bulk", {"decision": "reject", "media_ids": ["{id}"], "reason": "off_topic"}),
+]
+
+
+def call_body(body: dict[str, Any], media_id: str) -> dict[str, Any]:
+    return {k: [media_id] if k == "media_ids" else v for k, v in body.items()}
+
+
+@pytest.mark.parametrize(("path", "body"), CALLS)
+@pytest.mark.parametrize("token", ["", "0" * 64])
+async def test_a_page_call_without_its_form_token_changes_nothing(
+    tmp_path: Path, path: str, body: dict[str, Any], token: str
+) -> None:
+    async with harness(tmp_path) as h:
+        media_id = await reviewable(h)
+        await sign_in(h, "moderator")
+        answer = await h.client.post(
+            f"/moderate/gala/{path.format(id=media_id)}",
+            json=call_body(body, media_id),
+            headers={"X-Form-Token": token} if token else {},
+        )
+        assert refused(answer)
+        assert (await h.moderation.records.get(media_id)).state.value == "reviewable"
+        assert await h.moderation.reviews.claims("gala") == {}
+
+
+@pytest.mark.parametrize("sender", FOREIGN)
+async def test_a_page_call_from_another_site_is_refused(
+    tmp_path: Path, sender: dict[str, str]
+) -> None:
+    async with harness(tmp_path) as h:
+        media_id = await reviewable(h)
+        await sign_in(h, "moderator")
+        token = form_token_of(await h.client.get("/moderate/gala"))
+        answer = await h.client.post(
+            f"/moderate/gala/decide/{media_id}",
+            json={"decision": "approve"},
+            headers={"X-Form-Token": token, **sender},
+        )
+        assert refused(answer)
+        assert (await h.moderation.records.get(media_id)).state.value == "reviewable"
+
+
+async def test_the_page_calls_claim_decide_undo_and_decide_in_bulk(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        first, second = await reviewable(h), await reviewable(h)
+        await sign_in(h, "moderator")
+        page = await h.client.get("/moderate/gala")
+        headers = {"X-Form-Token": form_token_of(page)}
+        assert "data-holder" not in page.text and " pending</span>" in page.text
+
+        async def call(path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+            return await h.client.post(f"/moderate/gala/{path}", json=body or {}, headers=headers)
+
+        handed = await call("next", {"after": 0, "upto": 2**40})
+        assert handed.json() == {"media_id": first, "taken": {}}
+        await h.moderation.reviews.claim(second, "moderator-2")  # another moderator's
+        taken = await call(f"claim/{second}")
+        assert taken.status_code == 409 and taken.headers["x-holder"] == "moderator-2"
+        again = await h.client.get("/moderate/gala")
+        assert "moderator-2 is on it" in again.text
+        polled = await h.client.get("/moderate/gala/new", params={"upto": 0, "since": 0})
+        assert polled.json()["claims"] == {first: "moderator", second: "moderator-2"}
+
+        bad = await call(f"decide/{first}", {"decision": "reject", "reason": "ugly"})
+        assert bad.status_code == 422
+        done = await call(f"decide/{first}", {"decision": "reject", "reason": "personal_data"})
+        assert done.json()["state"] == "rejected" and done.json()["applied"] is True
+        undone = await call(f"undo/{first}")
+        assert undone.json() == {"media_id": first, "state": "reviewable"}
+        late = await call(f"undo/{first}")
+        assert late.status_code == 409 and late.headers["x-state"] == "reviewable"
+
+        results = await call("bulk", {"decision": "approve", "media_ids": [first, second]})
+        assert results.json() == [
+            {
+                "media_id": first,
+                "applied": True,
+                "state": "approved",
+                "conflict": None,
+                "holder": None,
+            },
+            {
+                "media_id": second,
+                "applied": False,
+                "state": "reviewable",
+                "conflict": "claimed",
+                "holder": "moderator-2",
+            },
+        ]
+        changed = await h.client.get("/moderate/gala/new", params={"upto": 0, "since": 0})
+        assert {c["media_id"]: c["state"] for c in changed.json()["changed"]}[first] == "approved"
+        topics = [n.topic for n in await h.moderation.app.store.outbox() if n.record_id == first]
+        assert topics == ["item.rejected", "item.reopened", "item.approved"]
