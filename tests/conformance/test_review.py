@@ -86,8 +86,10 @@ async def test_a_claim_keeps_others_off_until_it_is_released_or_lapses(desk: Des
     assert await desk.review.claims("gala") == {}
     rows = await desk.moderation.app.store.audit_log(kind=CLAIM, record_id=media_id)
     outcomes = [(row.action, row.actor, row.outcome) for row in rows]
-    assert outcomes[:2] == [
+    assert outcomes[:4] == [
         ("claim.taken", "ana", "applied"),
+        ("claim.taken", "ben", "unchanged: held:ana"),
+        ("claim.renewed", "ana", "applied"),
         ("claim.taken", "ben", "unchanged: held:ana"),
     ]
     assert outcomes[-1] == ("claim.released", "root", "applied")

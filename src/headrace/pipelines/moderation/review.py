@@ -173,7 +173,8 @@ class Review:
         for _ in range(3):  # the claim moved while it was read: look again
             found = self._claim_of(made.record)
             now = await self.store.now()
-            if found.holder is None or found.holder == by:
+            renewing = found.holder == by
+            if found.holder is None or renewing:
                 when, age = {FREE, held}, None
             elif found.live(now):
                 await self.store.write_audit(
@@ -190,10 +191,10 @@ class Review:
                 CLAIM,
                 item.media_id,
                 state=held,
-                body={"renewals": int(made.record.body.get("renewals", 0)) + (found.holder == by)},
+                body={"renewals": int(made.record.body.get("renewals", 0)) + renewing},
                 when=when,
                 age=age,
-                audit=audit,
+                audit=Audit("claim.renewed", by) if renewing else audit,
             )
             if changed.applied:
                 return self._claim_of(changed.record)
