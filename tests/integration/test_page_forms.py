@@ -10,6 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
+from headrace.pipelines.moderation import samples
+from headrace.pipelines.moderation.pipeline import Staff
+from headrace.pipelines.moderation.review import session_label
 from headrace.service.api.auth import LOGIN, digest, form_token
 from headrace.service.api.deps import LOGIN_COOKIE
 from headrace.service.api.page import SIGN_IN_FORM_COOKIE
@@ -308,3 +311,28 @@ async def test_the_page_calls_claim_decide_undo_and_decide_in_bulk(tmp_path: Pat
         assert {c["media_id"]: c["state"] for c in changed.json()["changed"]}[first] == "approved"
         topics = [n.topic for n in await h.moderation.app.store.outbox() if n.record_id == first]
         assert topics == ["item.rejected", "item.reopened", "item.approved"]
+
+
+async def test_each_item_shows_what_a_decision_needs(tmp_path: Path) -> None:
+    """Its age, its session as a short label with how many of its items are pending, staff
+    priority when it was given, the automatic flag's reason; a player for sound."""
+    async with harness(tmp_path) as h:
+        moderation = h.moderation
+        staff = Staff(3.0, "organiser", "the keynote's photos")
+        uploads = [
+            (samples.jpeg(), "s-keynote", staff),
+            (samples.voice_note(), "s-guest", None),
+            (samples.jpeg(), "s-guest", None),
+        ]
+        for data, session, given in uploads:
+            item = await moderation.accept_bytes(data, event="gala", session=session, staff=given)
+            await moderation.submit(item)
+        await h.drain()
+        await sign_in(h, "moderator")
+        page = (await h.client.get("/moderate/gala")).text
+        assert page.count("staff priority ×3") == 1
+        assert page.count(f"{session_label('s-guest')}\n") == 2
+        assert page.count("2 pending") == 2 and page.count("1 pending") == 1
+        assert "s-guest" not in page and "s-keynote" not in page  # labels, never the ids
+        assert page.count('class="age" data-uploaded="') == 3
+        assert page.count("<audio controls") == 1 and 'alt="waveform of the recording"' in page

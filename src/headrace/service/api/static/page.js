@@ -284,8 +284,11 @@
   function clearSelection() {
     for (const id of selected) byId.get(id).classList.remove("selected");
     selected.clear();
+    anchor = null;
     refreshSelection();
   }
+
+  let anchor = null; // the item x last toggled: X selects from it to the item in focus
 
   function toggle(li) {
     if (!li || li.dataset.state !== "reviewable") return;
@@ -293,7 +296,24 @@
     if (selected.has(id)) selected.delete(id);
     else selected.add(id);
     li.classList.toggle("selected", selected.has(id));
+    anchor = li;
     refreshSelection();
+  }
+
+  function selectRange(li) {
+    if (!li) return;
+    const from = anchor ? list.indexOf(anchor) : list.indexOf(li);
+    const to = list.indexOf(li);
+    for (let at = Math.min(from, to); at <= Math.max(from, to); at += 1) {
+      const other = list[at];
+      if (isOpen(other) || other === current) {
+        selected.add(other.dataset.mediaId);
+        other.classList.add("selected");
+      }
+    }
+    anchor = li;
+    refreshSelection();
+    say(`${selected.size} selected: a approves, r rejects them all, Esc clears.`);
   }
 
   function selectSession(li) {
@@ -349,6 +369,7 @@
     " ": async () => playPause(current),
     s: async () => selectSession(current),
     x: async () => toggle(current),
+    X: async () => selectRange(current),
     n: async () => {
       const more = document.getElementById("show-new");
       if (more) window.location.assign(more.href);
