@@ -4,9 +4,10 @@ headless Chromium (Debian's package, driven by Playwright) against `headrace ser
 What it measures is printed, not asserted as a speed: items reviewed per moderator-minute. What it
 asserts is what must hold whatever the speed: no item held by two moderators at once (from the
 claims' audit rows), one standing decision and one notice per item (audit and outbox rows
-counted), an undo within the window that reopens the item and sends one correction, a bulk
-decision by session, sound and video played to their end before an approval, and no error in
-the page. A screenshot of a page mid-review goes to HEADRACE_SCREENSHOTS (.ci/screenshots).
+counted), an undo within the window that reopens the item and sends one correction, bulk
+decisions (a session's pending items, a range), sound and video played to their end before an
+approval, and no error in the page. A screenshot of a page mid-review goes to
+HEADRACE_SCREENSHOTS (.ci/screenshots).
 """
 
 from __future__ import annotations
@@ -185,6 +186,8 @@ async def review(moderator: Moderator, server: Server, shot: Path | None) -> Non
         n = len(moderator.decided) + len(moderator.bulk)
         if moderator.name == "moderator-2" and not moderator.bulk and n >= 12:
             await bulk_by_session(moderator)
+        elif moderator.name == "moderator-3" and not moderator.bulk and n >= 15:
+            await bulk_by_range(moderator)
         else:
             await decide(moderator, item, n)
         if shot is not None and n == 20:
@@ -229,6 +232,21 @@ async def bulk_by_session(moderator: Moderator) -> None:
     )
     assert selected
     await moderator.press("a")
+    moderator.bulk.extend(selected)
+
+
+async def bulk_by_range(moderator: Moderator) -> None:
+    """Mark the focused item (x), move on (j), select the range to the next one (X) and
+    reject it with a reason (r, 6)."""
+    page = moderator.page
+    await moderator.press("x")
+    await moderator.press("j")
+    await moderator.press("X")
+    selected: list[str] = await page.evaluate(
+        "() => Array.from(document.querySelectorAll('li.item.selected'), li => li.dataset.mediaId)"
+    )
+    assert selected
+    await moderator.press("r", "6")
     moderator.bulk.extend(selected)
 
 

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from headrace.pipelines.moderation import samples
+from headrace.pipelines.moderation.pipeline import DERIVE_VERSION
 from headrace.service.api.deps import Delivery
 from tests.objectstore import CREDENTIALS, ENDPOINT, fresh_bucket, keys_in, media_url
 
@@ -50,7 +51,8 @@ async def test_a_preview_redirects_to_a_url_signed_for_that_request(
         assert first.status_code == again.status_code == 307
         assert first.headers["cache-control"] == "private, no-store"
         location = first.headers["location"]
-        assert location.startswith(f"{ENDPOINT}/{bucket}/media/derived/{media_id}/derive.v1/")
+        derived = f"{ENDPOINT}/{bucket}/media/derived/{media_id}/derive.v{DERIVE_VERSION}/"
+        assert location.startswith(derived)
         assert "X-Amz-Expires=300" in location and "X-Amz-Signature=" in location
         async with httpx.AsyncClient() as browser:
             assert is_webp((await browser.get(location)).content)

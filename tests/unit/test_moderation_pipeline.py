@@ -101,8 +101,9 @@ async def test_a_derive_run_again_reuses_what_the_first_made(
         assert (await moderation.records.get(item.media_id)).derived == made.prefix
     after = {p.name: p.stat().st_mtime_ns for p in (files.root / made.prefix).iterdir()}
     assert after == before
-    assert [p.name for p in (files.root / "derived" / item.media_id).iterdir()] == ["derive.v1"]
-    kept = sorted(p.name for p in (files.root / "derived" / item.media_id / "derive.v1").iterdir())
+    version = f"derive.v{DERIVE_VERSION}"
+    assert [p.name for p in (files.root / "derived" / item.media_id).iterdir()] == [version]
+    kept = sorted(p.name for p in (files.root / "derived" / item.media_id / version).iterdir())
     assert kept == sorted([made.prefix.rsplit("/", 1)[1], "manifest.json"])
 
 
