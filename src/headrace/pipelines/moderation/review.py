@@ -49,7 +49,8 @@ HELD = "held:"  # a held claim's state: held:<moderator>
 DEFAULT_CLAIM_TTL = 300.0
 DEFAULT_UNDO_WINDOW = 30.0
 MAX_BULK = 500
-PAGE = 1000
+PAGE = 1000  # claims read a statement
+NEXT_PAGE = 100  # reviewable items `next_item` reads a statement: the first free one is near
 
 # Why an item is rejected, picked by number on the page (1 to 6): kept with the decision, sent
 # with its notice.
@@ -138,6 +139,14 @@ def check_reason(reason: str | None) -> str | None:
     return reason
 
 
+def check_decision(by: str, approve: bool, reason: str | None) -> None:
+    """A decision's decider and reason, checked before anything is read."""
+    check_label(by, "by")
+    if approve and reason is not None:
+        raise ConfigError("reason: only a rejection takes one")
+    check_reason(reason)
+
+
 class Review:
     """Claims and decisions on a moderation pipeline's items (`Moderation.reviews`)."""
 
@@ -160,7 +169,10 @@ class Review:
         """Take the item for `by` (or renew `by`'s claim): ClaimedByOther while another
         moderator's claim is live, NotReviewable unless the item waits for a decision."""
         check_label(by, "by")
-        item = await self.moderation.records.get(media_id)
+        return await self._take(await self.moderation.records.get(media_id), by)
+
+    async def _take(self, item: Item, by: str) -> Claim:
+        """`claim` of an item as it was just read."""
         if item.state is not ItemState.REVIEWABLE:
             raise NotReviewable(item, "claimed")
         held = HELD + by
@@ -252,7 +264,7 @@ class Review:
         held = await self.claims(event)
         while True:
             page = await self.store.list_records(
-                ITEM, scope=event, state=ItemState.REVIEWABLE.value, after=after, limit=100
+                ITEM, scope=event, state=ItemState.REVIEWABLE.value, after=after, limit=NEXT_PAGE
             )
             for record in page:
                 if upto is not None and record.seq > upto:
@@ -261,15 +273,16 @@ class Review:
                 if claim is not None and claim.held_by_other(by, now):
                     others.append(claim)
                     continue
+                item = Item.of(record)
                 try:
-                    await self.claim(record.id, by)
+                    await self._take(item, by)
                 except ClaimedByOther as taken:
                     others.append(taken.claim)
                     continue
                 except NotReviewable:
                     continue
-                return await self.moderation.records.get(record.id), others
-            if len(page) < 100:
+                return item, others
+            if len(page) < NEXT_PAGE:
                 return None, others
             after = page[-1].seq
 
@@ -281,17 +294,18 @@ class Review:
         """A moderator's decision on a reviewable item, once `by` holds its claim: the first
         decision stands and owes one notice; a repeat of it changes nothing. ClaimedByOther
         while another moderator holds it; NotReviewable when it was decided otherwise."""
-        check_label(by, "by")
-        check_reason(reason if not approve else None)
-        if approve and reason is not None:
-            raise ConfigError("reason: only a rejection takes one")
-        wanted = ItemState.APPROVED if approve else ItemState.REJECTED
+        check_decision(by, approve, reason)
         item = await self.moderation.records.get(media_id)
+        return await self._decide(item, approve=approve, by=by, reason=reason)
+
+    async def _decide(self, item: Item, *, approve: bool, by: str, reason: str | None) -> Reviewed:
+        """`decide` on an item as it was just read (its arguments checked)."""
+        wanted = ItemState.APPROVED if approve else ItemState.REJECTED
         detail: dict[str, object] = {} if reason is None else {"reason": reason}
         audit = Audit(f"review.{wanted.value}", by, detail)
         if item.state is ItemState.REVIEWABLE:
             try:
-                await self.claim(item.media_id, by)
+                await self._take(item, by)
             except NotReviewable as moved:
                 item = moved.item
             except ClaimedByOther as taken:
@@ -308,7 +322,7 @@ class Review:
         )
         decided = Item.of(changed.record)
         if changed.applied:
-            await self._drop_claim(item.media_id)
+            await self.forget([item.media_id])  # a decided item's claim: nobody needs it now
         if changed.applied or decided.state is wanted:
             return Reviewed(decided, changed.applied)
         raise NotReviewable(decided, wanted.value)
@@ -320,24 +334,29 @@ class Review:
         approve: bool,
         by: str,
         reason: str | None = None,
+        event: str | None = None,
     ) -> list[BulkResult]:
         """`decide` for each item in turn (at most MAX_BULK): each its own claim, audit row and
-        notice; a conflict on one is reported for it and the rest go on."""
+        notice; a conflict on one is reported for it and the rest go on. An item that does not
+        exist, or is not of `event` when given, is `missing`."""
         ids = list(dict.fromkeys(check_media_id(media_id) for media_id in media_ids))
         if not 0 < len(ids) <= MAX_BULK:
             raise ConfigError(f"media_ids: expected 1 to {MAX_BULK} items, got {len(ids)}")
+        check_decision(by, approve, reason)
         results: list[BulkResult] = []
         for media_id in ids:
+            found = await self.store.get_record(ITEM, media_id)
+            if found is None or (event is not None and found.scope != event):
+                results.append(BulkResult(media_id, False, None, "missing"))
+                continue
             try:
-                done = await self.decide(media_id, approve=approve, by=by, reason=reason)
+                done = await self._decide(Item.of(found), approve=approve, by=by, reason=reason)
             except ClaimedByOther as taken:
                 results.append(
                     BulkResult(media_id, False, "reviewable", "claimed", taken.claim.holder)
                 )
             except NotReviewable as moved:
                 results.append(BulkResult(media_id, False, moved.item.state.value, "decided"))
-            except ConfigError:
-                results.append(BulkResult(media_id, False, None, "missing"))
             else:
                 results.append(BulkResult(media_id, done.applied, done.item.state.value))
         return results
@@ -370,7 +389,7 @@ class Review:
         if not changed.applied:
             raise NotReviewable(reopened, f"undone after {self.rules.undo_window:g} s")
         with contextlib.suppress(ClaimedByOther, NotReviewable):  # taken at once: theirs
-            await self.claim(reopened.media_id, by)
+            await self._take(reopened, by)
         return reopened
 
     async def change(self, media_id: str, *, approve: bool, by: str, reason: str) -> Item:
@@ -405,15 +424,11 @@ class Review:
             counts[item.session] = counts.get(item.session, 0) + 1
         return counts
 
-    async def _drop_claim(self, media_id: str) -> None:
-        """A decided item's claim goes: nobody needs to hold it now."""
-        await self.store.delete_records(CLAIM, [media_id])
-
     async def _refused(self, item: Item, audit: Audit, outcome: str) -> None:
         await self.store.write_audit(
             ITEM, item.media_id, scope=item.event, audit=audit, outcome=outcome
         )
 
     async def forget(self, media_ids: Collection[str]) -> None:
-        """The claims of items that are gone."""
+        """The claims of items decided or gone."""
         await self.store.delete_records(CLAIM, list(media_ids))

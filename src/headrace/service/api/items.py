@@ -268,13 +268,8 @@ async def decide(
         reviewed = await svc.moderation.review(
             media_id, approve=approve, by=who.name, reason=reason
         )
-    except ClaimedByOther as taken:
-        raise claimed(taken) from None
-    except NotReviewable as moved:
-        state = moved.item.state.value
-        raise ApiError(
-            409, "conflict", f"the item is {state}: only a reviewable item can be decided"
-        ) from None
+    except (ClaimedByOther, NotReviewable) as refused:
+        raise review_conflict(refused) from None
     return Decision(item=view(reviewed.item), applied=reviewed.applied)
 
 
@@ -288,14 +283,16 @@ def check_reason_field(reason: str | None, approve: bool) -> None:
         raise ApiError(422, "invalid", f"reason: expected one of {known}")
 
 
-def claimed(taken: ClaimedByOther) -> ApiError:
-    """409 `claimed`: another moderator holds the item (their claim, until it lapses)."""
-    claim = taken.claim
-    return ApiError(
-        409,
-        "claimed",
-        f"{claim.holder} is reviewing this item; take another, or wait until its claim lapses",
-    )
+def review_conflict(error: ConfigError) -> ApiError:
+    """409 for a review action that cannot apply: `claimed` while another moderator holds the
+    item (who, in `X-Holder`), else `conflict` saying why (the item's state, when that is why,
+    in `X-State`). The page's script reads the headers."""
+    if isinstance(error, ClaimedByOther):
+        holder = error.claim.holder or ""
+        message = f"{holder} is reviewing this item; take another, or wait until its claim lapses"
+        return ApiError(409, "claimed", message, headers={"X-Holder": holder})
+    headers = {"X-State": error.item.state.value} if isinstance(error, NotReviewable) else {}
+    return ApiError(409, "conflict", str(error).split(": ", 1)[-1], headers=headers)
 
 
 DECISION_ANSWERS: dict[int | str, dict[str, Any]] = {
@@ -358,10 +355,8 @@ async def take_claim(media_id: MediaId, svc: TheService, who: Caller) -> ClaimVi
     await visible_item(svc, who, media_id, "claim.taken")
     try:
         return claim_view(await svc.moderation.reviews.claim(media_id, who.name))
-    except ClaimedByOther as taken:
-        raise claimed(taken) from None
-    except NotReviewable as moved:
-        raise ApiError(409, "conflict", f"the item is {moved.item.state.value}") from None
+    except (ClaimedByOther, NotReviewable) as refused:
+        raise review_conflict(refused) from None
 
 
 class Release(BaseModel):
@@ -402,7 +397,7 @@ async def undo(media_id: MediaId, svc: TheService, who: Caller) -> ItemView:
     try:
         return view(await svc.moderation.reviews.undo(media_id, who.name))
     except ConfigError as error:
-        raise ApiError(409, "conflict", str(error).split(": ", 1)[-1]) from None
+        raise review_conflict(error) from None
 
 
 class Change(BaseModel):
@@ -424,7 +419,7 @@ async def change(media_id: MediaId, asked: Change, svc: TheService, who: Caller)
             media_id, approve=asked.decision == "approve", by=who.name, reason=asked.reason
         )
     except NotReviewable as moved:
-        raise ApiError(409, "conflict", f"the item is {moved.item.state.value}") from None
+        raise review_conflict(moved) from None
     except ConfigError as error:
         raise ApiError(422, "invalid", str(error)) from None
     return view(changed)
@@ -470,14 +465,10 @@ async def bulk(event: Event, asked: Bulk, svc: TheService, who: Caller) -> list[
 
 async def bulk_decide(svc: Service, who: Principal, event: str, asked: Bulk) -> list[BulkResult]:
     """The bulk decision on the items of `event` among those asked (others are `missing`)."""
-    theirs: list[str] = []
-    missing: list[str] = []
-    for media_id in dict.fromkeys(asked.media_ids):
-        found = await svc.store.get_record(ITEM, media_id)
-        (theirs if found is not None and found.scope == event else missing).append(media_id)
-    results = []
-    if theirs:
-        results = await svc.moderation.reviews.decide_many(
-            theirs, approve=asked.decision == "approve", by=who.name, reason=asked.reason
-        )
-    return results + [BulkResult(media_id, False, None, "missing") for media_id in missing]
+    return await svc.moderation.reviews.decide_many(
+        asked.media_ids,
+        approve=asked.decision == "approve",
+        by=who.name,
+        reason=asked.reason,
+        event=event,
+    )

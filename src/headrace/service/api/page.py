@@ -43,7 +43,6 @@ from headrace.pipelines.moderation.review import (
     REJECT_REASONS,
     Claim,
     ClaimedByOther,
-    NotReviewable,
 )
 from headrace.policy.errors import ConfigError
 from headrace.service.api import auth, websafety
@@ -64,6 +63,7 @@ from headrace.service.api.items import (
     check_reason_field,
     playback_answer,
     preview_answer,
+    review_conflict,
     view,
 )
 from headrace.service.api.uploads import Event
@@ -424,16 +424,6 @@ def claim_answer(claim: Claim) -> dict[str, Any]:
     return {"media_id": claim.media_id, "holder": claim.holder, "until": claim.until}
 
 
-def conflict(error: ConfigError) -> ApiError:
-    if isinstance(error, ClaimedByOther):
-        holder = error.claim.holder or ""
-        return ApiError(409, "claimed", f"{holder} is reviewing it", headers={"X-Holder": holder})
-    if isinstance(error, NotReviewable):
-        state = error.item.state.value
-        return ApiError(409, "conflict", f"it is {state}", headers={"X-State": state})
-    return ApiError(409, "conflict", str(error).split(": ", 1)[-1])
-
-
 @forms.post("/moderate/{event}/claim/{media_id}")
 async def page_claim(
     request: Request, event: Event, media_id: MediaIdPath, svc: TheService
@@ -443,7 +433,7 @@ async def page_claim(
     try:
         claim = await svc.moderation.reviews.claim(media_id, who.name)
     except ConfigError as error:
-        raise conflict(error) from None
+        raise review_conflict(error) from None
     return JSONResponse(claim_answer(claim))
 
 
@@ -508,7 +498,7 @@ async def page_decide(
             media_id, approve=asked.decision == "approve", by=who.name, reason=asked.reason
         )
     except ConfigError as error:
-        raise conflict(error) from None
+        raise review_conflict(error) from None
     window = svc.moderation.reviews.rules.undo_window
     return JSONResponse(
         {
@@ -528,7 +518,7 @@ async def page_undo(
     try:
         item = await svc.moderation.reviews.undo(media_id, who.name)
     except ConfigError as error:
-        raise conflict(error) from None
+        raise review_conflict(error) from None
     return JSONResponse({"media_id": media_id, "state": item.state.value})
 
 
