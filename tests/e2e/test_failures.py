@@ -234,3 +234,19 @@ def test_a_worker_without_slots_for_a_stage_class_is_named(tmp_path: Path) -> No
         )
     )
     assert "task render: cost class 'video' has no slots" in line
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--claim-ttl", "0s", "--claim-ttl: expected 1 to 86400 seconds"),
+        ("--undo-window", "2d", "--undo-window: expected 0 to 86400 seconds"),
+        ("--undo-window", "soon", "--undo-window: cannot read 'soon' as a duration"),
+    ],
+)
+def test_a_bad_review_rule_is_named_by_its_option(
+    option: str, value: str, said: str, tmp_path: Path
+) -> None:
+    db, media = tmp_path / "serve.db", tmp_path / "media"
+    done = headrace("serve", "--db", str(db), "--media", str(media), option, value)
+    assert said in failure_line(done) and done.returncode == 2

@@ -585,10 +585,7 @@ def serve(
         relay = OutboxRelay(notify_url, notify_secret)
     admission = Admission(per_event=per_event, per_session=per_session, stage_bound=stage_bound)
     url = store_url(db) if db else None
-    review = ReviewRules(
-        claim_ttl=seconds(claim_ttl, field="--claim-ttl"),
-        undo_window=seconds(undo_window, field="--undo-window"),
-    )
+    review = review_rules(claim_ttl, undo_window)
     moderation = make_moderation(url, media, clamd, admission=admission, review=review)
     with_retention(moderation.app, retention)
     use_store(moderation.app.url)
@@ -602,6 +599,21 @@ def serve(
         media_delivery=media_delivery,
     )
     serve_api(moderation, ServeOptions(host, port, workers, settings, relay, memory))
+
+
+def review_rules(claim_ttl: str, undo_window: str) -> ReviewRules:
+    """`--claim-ttl` and `--undo-window` as the moderators' rules; a bad one named by its option."""
+    ttl = seconds(claim_ttl, field="--claim-ttl")
+    window = seconds(undo_window, field="--undo-window")
+    for option, field, given in (
+        ("--claim-ttl", "claim_ttl", ttl),
+        ("--undo-window", "undo_window", window),
+    ):
+        try:
+            ReviewRules(**{field: given})
+        except ConfigError as error:
+            raise WrongInput(f"{option}: {str(error).split(': ', 1)[1]}") from None
+    return ReviewRules(claim_ttl=ttl, undo_window=window)
 
 
 def check_media(media: MediaStore) -> None:
