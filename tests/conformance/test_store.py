@@ -819,6 +819,16 @@ async def test_a_refusing_gate_skips_a_long_run_of_its_tasks(store: Store) -> No
     assert stats["provider:image"].blocked_by_concurrency == 1
 
 
+async def test_a_claim_goes_on_after_the_tasks_it_took_not_past_its_batch(store: Store) -> None:
+    # A claim for 5 reads 13 first (two video tasks fit); a later batch reads further but
+    # takes only what the claim still needs, here session:x's first 11 (one fits): the next
+    # batch must start after those, or the images between them and its end would be passed.
+    await store.submit([task(f"v{i}", gates=("provider:video",)) for i in range(13)])
+    await store.submit([task(f"s{i}", gates=("session:x",)) for i in range(15)])
+    await store.submit([task(f"i{i}", gates=("provider:image",)) for i in range(60)])
+    assert refs(await claim(store, 5)) == ["v0", "v1", "s0", "i0", "i1"]
+
+
 async def test_tickets_and_gate_state_outlive_a_restart(
     store: Store, reopen: Callable[[], Store]
 ) -> None:

@@ -100,7 +100,9 @@ class Claiming(Outcomes):
         chosen: list[Candidate] = []
         excluded: set[str] = set()
         book: GateBook | None = None
-        async with contextlib.aclosing(self.rounds(kinds, excluded, limit + ahead)) as rounds:
+        async with contextlib.aclosing(
+            self.rounds(kinds, excluded, limit + ahead, chosen)
+        ) as rounds:
             async for candidates in rounds:
                 if start is not None:
                     next_at, start = await self.read_claim_start(start), None
@@ -157,13 +159,23 @@ class Claiming(Outcomes):
         return None if found["next_at"] is None else float(found["next_at"])
 
     async def rounds(
-        self, kinds: list[str] | None, excluded: set[str], limit: int
+        self,
+        kinds: list[str] | None,
+        excluded: set[str],
+        limit: int,
+        chosen: Sequence[Candidate],
     ) -> AsyncGenerator[list[Candidate], None]:
         """Ready tasks due now in (tier, tag, id) order, a batch at a time (the first just big
         enough for `limit`, then growing): in one statement, each batch's gates are locked
         first, then its tasks whose gates this claim holds. Handed out whole rounds at a time:
         a run of equal (tier, tag) is never split, so `take_turns` sees each round entire. Gate
-        keys in `excluded` (refused so far) are left out of later batches."""
+        keys in `excluded` (refused so far) are left out of later batches.
+
+        A batch's range grows, but the tasks it locks are only as many as the claim still
+        needs past `chosen` (`first_batch`): with several workers, a later batch is mostly
+        rows other claims hold, and every row a claim locks and does not lease is skipped by
+        the others until it commits. When a batch locks that many, the next one starts after
+        the last of them, not at the end of the range."""
         after: tuple[int, float, int] = (-1, 0.0, 0)
         size = first_batch(limit)
         held: list[Candidate] = []
@@ -180,13 +192,17 @@ class Claiming(Outcomes):
                 "kinds": open_kinds,
                 "memory": self._memory.most(),
             }
-            peeked, last, tasks = await self.claim_batch(batch, sorted(excluded), size)
-            if peeked < size:
+            take = min(size, first_batch(max(0, limit - len(chosen) - len(held))))
+            peeked, last, tasks = await self.claim_batch(batch, sorted(excluded), size, take)
+            if len(tasks) >= take:  # the rest of the range may hold tasks not taken yet
+                after = (tasks[-1].tier, tasks[-1].tag, tasks[-1].id)
+            elif peeked < size:
                 if held or tasks:
                     yield held + tasks
                 return
-            assert last is not None
-            after = last
+            else:
+                assert last is not None
+                after = last
             size = min(CLAIM_BATCH, size * 4)
             if not (held or tasks):  # every task of the batch held by others, or refused
                 continue
@@ -195,13 +211,13 @@ class Claiming(Outcomes):
                 yield whole
 
     async def claim_batch(
-        self, batch: Mapping[str, object], refused: list[str], size: int
+        self, batch: Mapping[str, object], refused: list[str], size: int, take: int
     ) -> tuple[int, tuple[int, float, int] | None, list[Candidate]]:
         """The next batch of up to `size` candidates: its gates locked (the first time, the
-        clock read once they are held), then those of its tasks whose gates are all held.
-        Returns how many tasks the batch had, the last one's (tier, tag, id) and the tasks
-        taken. A gate used for the first time has no row to lock yet: it is made, and the
-        batch read again."""
+        clock read once they are held), then the first `take` of its tasks whose gates are
+        all held. Returns how many tasks the batch had, the last one's (tier, tag, id) and
+        the tasks taken. A gate used for the first time has no row to lock yet: it is made,
+        and the batch read again."""
         for _ in range(2):
             # Until the claim holds (or met busy) a gate of its own, the clock is read again
             # once the batch's gates are held: it may have waited for them. Gates that outcomes
@@ -212,6 +228,7 @@ class Claiming(Outcomes):
                 **batch,
                 refused=refused,
                 batch=size,
+                take=take,
                 held=sorted(self.gates.states),
                 top=max(self.gates.states, default=""),
             )

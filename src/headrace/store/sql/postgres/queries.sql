@@ -359,7 +359,7 @@ FROM (
 ) AS c;
 
 -- name: claim_batch
--- One claim batch: its range read unlocked, its gates locked in name order (waiting), then its tasks whose gates the claim holds, locked.
+-- One claim batch: its range read unlocked, its gates locked in name order (waiting), then as many of its tasks as the claim still needs (`take`) whose gates it holds, locked.
 WITH peek AS MATERIALIZED (  -- the batch's tasks, not locked: only their range and gates
     SELECT t.tier, t.tag, t.id, t.gates FROM tasks AS t
     WHERE t.state = 'ready'
@@ -411,7 +411,7 @@ WITH peek AS MATERIALIZED (  -- the batch's tasks, not locked: only their range 
       AND t.gate_key <> ALL(%(refused)s::text[])
       AND t.gates <@ (SELECT allowed FROM edge)
     ORDER BY t.tier, t.tag, t.id
-    LIMIT %(batch)s::integer  -- walks the claim-order index, as the batch did
+    LIMIT %(take)s::integer  -- what the claim still needs: walks the claim-order index
     FOR UPDATE OF t SKIP LOCKED
 ), turns AS MATERIALIZED (  -- each flow and lane read once: every claim updates these rows
     SELECT flow, served FROM flows

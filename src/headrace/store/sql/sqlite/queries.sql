@@ -511,7 +511,7 @@ SELECT :clock AS now,
        (SELECT min(run_at) FROM tasks WHERE state = 'ready' AND run_at > :clock) AS next_at;
 
 -- name: claim_batch
--- One claim batch: due ready tasks after a (tier, tag, id) key with their flows' and lanes' turns, the batch's size and end, and its gates' states.
+-- One claim batch: due ready tasks after a (tier, tag, id) key with their flows' and lanes' turns, the batch's size and end, and its gates' states; the first `take` of them.
 WITH peek AS MATERIALIZED (
     SELECT id, kind, tier, tag, flow, coalesce(lane, flow) AS lane, gates, solo, memory
     FROM tasks
@@ -556,7 +556,8 @@ LEFT JOIN peek AS p ON true
 LEFT JOIN flows AS f ON f.flow = p.flow
 LEFT JOIN flows AS l ON p.lane <> p.flow AND l.flow = p.lane
 WINDOW w AS (ORDER BY p.tier, p.tag, p.id)
-ORDER BY p.tier, p.tag, p.id;
+ORDER BY p.tier, p.tag, p.id
+LIMIT :take;  -- what the claim still needs, as the PostgreSQL batch locks no more
 
 -- name: lease_tasks
 -- Lease ready tasks under new fencing tokens, with attempts and tickets; count them, number the turns.
