@@ -3,7 +3,7 @@ the one before: core.py (the driver, statements, clock, gate rows), tickets.py (
 dependency trees), submit.py, outcomes.py (what lease holders write; cancellation, reaping),
 claim.py, and transaction.py (the reads, and the whole)."""
 
-from headrace.store.machine.claim import Claimed
+from headrace.store.machine.claim import Claimed, Leased
 from headrace.store.machine.core import (
     AGING_SLACK,
     CLAIM_BATCH,
@@ -27,6 +27,7 @@ __all__ = [
     "Driver",
     "GateRows",
     "Json",
+    "Leased",
     "Pending",
     "Planned",
     "Sweeps",

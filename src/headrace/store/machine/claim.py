@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from headrace.policy import fairness
 from headrace.policy.errors import (
@@ -45,8 +46,8 @@ FIRST_BATCH_MARGIN = 8
 
 @dataclass(frozen=True)
 class Claimed:
-    """A claim's outcome, its leases read once the transaction committed (`leased`: the rows
-    `lease_tasks` returned, received with the commit)."""
+    """A claim's outcome, its leases not read yet (`leased`: the rows `lease_tasks` returns;
+    on PostgreSQL they come back with the commit)."""
 
     leased: Pending | None
     ids: list[int]
@@ -55,11 +56,29 @@ class Claimed:
     wake_at: float | None
     solo_waiting: bool = False
 
-    async def result(self) -> ClaimResult:
-        if self.leased is None:
+    async def rows(self) -> Leased:
+        """The leased rows as they came (no round trip on PostgreSQL: the commit's sync
+        brought them). SQLite reads them before its commit, and builds their records after it,
+        out of the write lock every process queues for."""
+        table = None if self.leased is None else await self.leased.table()
+        return Leased(table, self.ids, self.until, self.now, self.wake_at, self.solo_waiting)
+
+
+@dataclass(frozen=True)
+class Leased:
+    """A claim's leased rows, read; `result()` makes them records and leases."""
+
+    table: tuple[Sequence[str], list[Sequence[Any]]] | None
+    ids: list[int]
+    until: float
+    now: float
+    wake_at: float | None
+    solo_waiting: bool = False
+
+    def result(self) -> ClaimResult:
+        if self.table is None:
             return ClaimResult((), self.now, self.wake_at, solo_waiting=self.solo_waiting)
-        # no round trip: the commit's sync brought them
-        held = {record.id: record for record in tasks_of(*await self.leased.table())}
+        held = {record.id: record for record in tasks_of(*self.table)}
         leases = (Lease(held[i], held[i].lease_token, self.until) for i in self.ids)
         return ClaimResult(tuple(leases), self.now, self.wake_at, solo_waiting=self.solo_waiting)
 
