@@ -72,13 +72,18 @@ WHERE kind = :kind AND state IN ('pending', 'ready') AND flow = :flow;
 SELECT count(*) AS n FROM tasks WHERE grp = :grp AND state IN ('pending', 'ready') AND kind = :kind;
 
 -- name: stage_counts
--- Of the kinds given (a JSON array): tasks waiting to run, and running or waiting on a remote job.
-SELECT kind,
-       sum(state IN ('pending', 'ready')) AS queued,
-       sum(state IN ('running', 'waiting')) AS active
-FROM tasks
-WHERE kind IN (SELECT value FROM json_each(:kinds))
-  AND state IN ('pending', 'ready', 'running', 'waiting')
+-- Of the kinds given (a JSON array): tasks waiting to run, and running or waiting on a remote job (each part through its states' index: none covers them all).
+SELECT kind, sum(queued) AS queued, sum(active) AS active
+FROM (
+    SELECT kind, 1 AS queued, 0 AS active FROM tasks
+    WHERE kind IN (SELECT value FROM json_each(:kinds)) AND state IN ('pending', 'ready')
+    UNION ALL
+    SELECT kind, 0, 1 FROM tasks
+    WHERE kind IN (SELECT value FROM json_each(:kinds)) AND state = 'running'
+    UNION ALL
+    SELECT kind, 0, 1 FROM tasks
+    WHERE kind IN (SELECT value FROM json_each(:kinds)) AND state = 'waiting'
+)
 GROUP BY kind;
 
 -- name: mark_deferred
@@ -250,7 +255,7 @@ GROUP BY state;
 SELECT s.kind, s.pending, s.ready, s.running, s.waiting,
        CASE WHEN s.ready > 0 THEN (
            SELECT coalesce(t.ready_since, t.created_at) FROM tasks AS t
-           WHERE t.kind = s.kind AND t.state = 'ready'
+           WHERE t.kind = s.kind AND t.state = 'ready' AND t.state IN ('pending', 'ready')
            ORDER BY coalesce(t.ready_since, t.created_at)
            LIMIT 1
        ) END AS oldest_ready
@@ -280,7 +285,8 @@ ORDER BY kind;
 SELECT json_group_array(since) AS "since [headrace_json]"
 FROM (
     SELECT coalesce(ready_since, created_at) AS since FROM tasks
-    WHERE kind = :kind AND state = 'ready'
+    -- the second term names tasks_queued_by_kind's own, which SQLite needs to use it
+    WHERE kind = :kind AND state = 'ready' AND state IN ('pending', 'ready')
     ORDER BY coalesce(ready_since, created_at), id
     LIMIT :limit
 );
@@ -290,7 +296,8 @@ FROM (
 SELECT json_group_array(since) AS "since [headrace_json]"
 FROM (
     SELECT coalesce(ready_since, created_at) AS since FROM tasks
-    WHERE kind = :kind AND state = 'ready'
+    -- the second term names tasks_queued_by_kind's own, which SQLite needs to use it
+    WHERE kind = :kind AND state = 'ready' AND state IN ('pending', 'ready')
     ORDER BY coalesce(ready_since, created_at) DESC, id DESC
     LIMIT :limit
 );

@@ -49,9 +49,13 @@ CREATE INDEX tasks_ready_run_at ON tasks (run_at) WHERE state = 'ready';
 CREATE INDEX tasks_ready_aging ON tasks (tier, ready_since) WHERE state = 'ready';
 CREATE INDEX tasks_running_lease ON tasks (lease_until) WHERE state = 'running';
 CREATE INDEX tasks_waiting_polls ON tasks (run_at, id) WHERE state = 'waiting';
--- A stage's ready tasks by how long they have waited (its oldest, its age sample).
-CREATE INDEX tasks_kind_state_since ON tasks (kind, state, coalesce(ready_since, created_at));
-CREATE INDEX tasks_group_state ON tasks (grp, state);
+-- Tasks waiting to run by kind (a stage's bound, its ready tasks by how long they have
+-- waited) and by group (a stage's cap per group); dead tasks by group. Only in those states: a
+-- lease and an outcome change a task's state without touching these.
+CREATE INDEX tasks_queued_by_kind ON tasks (kind, state, coalesce(ready_since, created_at))
+WHERE state IN ('pending', 'ready');
+CREATE INDEX tasks_queued_by_group ON tasks (grp, kind) WHERE state IN ('pending', 'ready');
+CREATE INDEX tasks_dead_by_group ON tasks (grp, id) WHERE state = 'dead';
 CREATE INDEX tasks_lost_by ON tasks (lost_by) WHERE lost_by IS NOT NULL;
 CREATE INDEX tasks_finished ON tasks (state, finished_at, id) WHERE finished_at IS NOT NULL;
 
