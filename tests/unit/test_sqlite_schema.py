@@ -170,6 +170,21 @@ def test_no_query_reads_a_whole_table_that_grows_with_history(
     assert scans == []
 
 
+def test_a_stages_ready_tasks_are_read_in_order_from_its_index(
+    migrated: sqlite3.Connection, queries: dict[str, sql.Query]
+) -> None:
+    """The oldest and newest ready tasks of a kind come off tasks_queued_by_kind in order. SQLite
+    uses a partial index only when the query names its condition (`state IN ('pending',
+    'ready')`): without it these read every ready task of every kind and sorted them."""
+    found = {name: rows for name, _, rows in plans(migrated, queries)}
+    for name in ("oldest_ready", "newest_ready", "stage_stats"):
+        details = [detail for *_, detail in found[name]]
+        assert any("USING INDEX tasks_queued_by_kind" in d for d in details), (name, details)
+        sorted_reads = [d for d in details if "TEMP B-TREE FOR ORDER BY" in d]
+        # stage_stats sorts its few rows by kind, outside the read of tasks
+        assert len(sorted_reads) == (1 if name == "stage_stats" else 0), (name, details)
+
+
 def test_malformed_query_files_are_refused() -> None:
     with pytest.raises(StoreError, match="description"):
         sql.parse_queries("-- name: bare\nSELECT 1;\n")
