@@ -130,7 +130,7 @@ async def test_a_worker_claims_short_tasks_ahead_and_runs_each_once_in_order() -
     assert sorted(ran) == [f"t{i:03}" for i in range(200)]  # each once
     assert ran == sorted(ran)  # in claim order: one flow's tasks first in, first out
     assert stats.claimed_ahead > 100
-    assert max(store.asked_ahead) == 16  # 8 per slot
+    assert max(store.asked_ahead) == 32  # 16 per slot
     assert store.claims < 60  # two slots a claim would take 100
 
 
@@ -145,10 +145,12 @@ async def test_the_outcomes_of_short_tasks_ride_the_claims_that_refill_their_slo
         return None
 
     async with app:
-        await app.submit([short.spec(f"t{i:04}") for i in range(2000)])
+        await app.submit([short.spec(f"t{i:04}") for i in range(4000)])
         stats = await hr.Worker(app, slots=16).drain()
-    assert stats.succeeded == 2000
-    assert store.carrying >= store.claims - 3
+    assert stats.succeeded == 4000
+    # All but the first two claims (no task has ended yet) and the last two, as the queue runs
+    # out (what ends after them goes alone)
+    assert store.carrying >= store.claims - 4
     assert store.alone <= 3  # the last outcomes, once no claim comes
 
 

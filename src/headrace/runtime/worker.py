@@ -73,7 +73,7 @@ OUTAGE_PAUSE = 0.25
 OUTAGE_PAUSE_MAX = 5.0
 BACKOFFS_KEPT = 64  # never spin when the store's next event is "now"
 DEFAULT_SLOTS = 4
-PREFETCH_PER_SLOT = 8  # the default most tasks claimed ahead, per slot
+PREFETCH_PER_SLOT = 16  # the default most tasks claimed ahead, per slot
 PRUNE_CHECKS = 4  # looks per `retention.every` for a due run
 PRUNE_CHECK_MIN = 1.0  # seconds
 
@@ -106,7 +106,7 @@ class Worker:
     drain), prune the store when a run is due by the app's retention (runtime/pruner.py).
 
     `prefetch`: the most tasks the worker claims ahead of its slots, to start the moment a
-    slot frees, without a round trip to the store (default: 8 per slot; 0: none). Only tasks
+    slot frees, without a round trip to the store (default: 16 per slot; 0: none). Only tasks
     that pass no gate, charge no memory and need not run alone are claimed ahead
     (`dispatch.may_wait`), only while there is a backlog, and only as many as the slots
     finish while a claim is on its way (runtime/prefetch.py): short tasks are claimed ahead,

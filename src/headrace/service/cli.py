@@ -179,7 +179,7 @@ def main(verbose: int, log_format: str) -> None:
     "--prefetch",
     type=click.IntRange(0, 65536),
     help="Most tasks claimed ahead of the slots while there is a backlog, only tasks that pass "
-    "no gate and charge no memory [default: 8 per slot; 0 with cost classes].",
+    "no gate and charge no memory [default: 16 per slot; 0 with cost classes].",
 )
 @click.option(
     "--class",
