@@ -41,7 +41,6 @@ from headrace.pipelines.moderation.pipeline import ITEM, Item, ItemState
 from headrace.pipelines.moderation.review import (
     MAX_BULK,
     REJECT_REASONS,
-    Claim,
     ClaimedByOther,
 )
 from headrace.policy.errors import ConfigError
@@ -61,6 +60,7 @@ from headrace.service.api.items import (
     bulk_decide,
     bulk_view,
     check_reason_field,
+    claim_view,
     playback_answer,
     preview_answer,
     review_conflict,
@@ -420,10 +420,6 @@ async def page_actor(request: Request, svc: Service, event: str, media_ids: list
     return who
 
 
-def claim_answer(claim: Claim) -> dict[str, Any]:
-    return {"media_id": claim.media_id, "holder": claim.holder, "until": claim.until}
-
-
 @forms.post("/moderate/{event}/claim/{media_id}")
 async def page_claim(
     request: Request, event: Event, media_id: MediaIdPath, svc: TheService
@@ -434,7 +430,7 @@ async def page_claim(
         claim = await svc.moderation.reviews.claim(media_id, who.name)
     except ConfigError as error:
         raise review_conflict(error) from None
-    return JSONResponse(claim_answer(claim))
+    return JSONResponse(claim_view(claim).model_dump())
 
 
 class PageRelease(BaseModel):

@@ -3,7 +3,7 @@ the one before: core.py (the driver, statements, clock, gate rows), tickets.py (
 dependency trees), submit.py, outcomes.py (what lease holders write; cancellation, reaping),
 claim.py, and transaction.py (the reads, and the whole)."""
 
-from headrace.store.machine.claim import Claimed, Leased
+from headrace.store.machine.claim import Claimed, LeasedRows
 from headrace.store.machine.core import (
     AGING_SLACK,
     CLAIM_BATCH,
@@ -27,7 +27,7 @@ __all__ = [
     "Driver",
     "GateRows",
     "Json",
-    "Leased",
+    "LeasedRows",
     "Pending",
     "Planned",
     "Sweeps",

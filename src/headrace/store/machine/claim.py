@@ -43,6 +43,9 @@ from headrace.store.types import (
 # Candidates a claim's first batch reads past its limit and an eighth more (`first_batch`).
 FIRST_BATCH_MARGIN = 8
 
+# `lease_tasks`' rows as read: column names, then each row's values by position.
+LeasedRows = tuple[Sequence[str], list[Sequence[Any]]]
+
 
 @dataclass(frozen=True)
 class Claimed:
@@ -56,29 +59,17 @@ class Claimed:
     wake_at: float | None
     solo_waiting: bool = False
 
-    async def rows(self) -> Leased:
+    async def rows(self) -> LeasedRows | None:
         """The leased rows as they came (no round trip on PostgreSQL: the commit's sync
-        brought them). SQLite reads them before its commit, and builds their records after it,
-        out of the write lock every process queues for."""
-        table = None if self.leased is None else await self.leased.table()
-        return Leased(table, self.ids, self.until, self.now, self.wake_at, self.solo_waiting)
+        brought them). SQLite reads them before its commit and makes them records (`result`)
+        after it, out of the write lock every process queues for."""
+        return None if self.leased is None else await self.leased.table()
 
-
-@dataclass(frozen=True)
-class Leased:
-    """A claim's leased rows, read; `result()` makes them records and leases."""
-
-    table: tuple[Sequence[str], list[Sequence[Any]]] | None
-    ids: list[int]
-    until: float
-    now: float
-    wake_at: float | None
-    solo_waiting: bool = False
-
-    def result(self) -> ClaimResult:
-        if self.table is None:
+    def result(self, rows: LeasedRows | None) -> ClaimResult:
+        """The claim's leases, from its `rows`."""
+        if rows is None:
             return ClaimResult((), self.now, self.wake_at, solo_waiting=self.solo_waiting)
-        held = {record.id: record for record in tasks_of(*self.table)}
+        held = {record.id: record for record in tasks_of(*rows)}
         leases = (Lease(held[i], held[i].lease_token, self.until) for i in self.ids)
         return ClaimResult(tuple(leases), self.now, self.wake_at, solo_waiting=self.solo_waiting)
 

@@ -345,7 +345,7 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         merged: list[HeadraceError | None] = [None] * len(finished)
         for n, result in [*zip(spawning, early, strict=True), *zip(carried, results, strict=True)]:
             merged[n] = result
-        return replace((await claimed.rows()).result(), finished=tuple(merged))
+        return replace(claimed.result(await claimed.rows()), finished=tuple(merged))
 
     # -- transactions
 

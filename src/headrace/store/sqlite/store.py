@@ -32,7 +32,7 @@ from headrace.policy.clock import Clock, WallClock
 from headrace.policy.errors import ConfigError, HeadraceError, StoreError
 from headrace.policy.gate import GateConfig
 from headrace.store import sql
-from headrace.store.machine import Leased, Sweeps, Transaction
+from headrace.store.machine import Claimed, LeasedRows, Sweeps, Transaction
 from headrace.store.sqlite import handoff
 from headrace.store.sqlite.checkpoint import Checkpointer
 from headrace.store.sqlite.connection import (
@@ -187,7 +187,9 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         wanted, batch = kinds_list(kinds), tuple(finished)
         self._woken.clear()  # this claim sees everything written before it
 
-        async def verb(tx: Transaction) -> tuple[list[HeadraceError | None], Leased]:
+        async def verb(
+            tx: Transaction,
+        ) -> tuple[list[HeadraceError | None], Claimed, LeasedRows | None]:
             results = await tx.finish_many(batch) if batch else []
             if self._sweeps.due(tx.now):  # under the same write lock as the claim
                 fold = self._sweeps.fold_due(tx.now)
@@ -202,10 +204,10 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
                 memory=memory,
                 ahead=ahead,
             )
-            return results, await claimed.rows()
+            return results, claimed, await claimed.rows()
 
-        results, leased = await self._write(verb)
-        return replace(leased.result(), finished=tuple(results))  # records made out of the lock
+        results, claimed, rows = await self._write(verb)
+        return replace(claimed.result(rows), finished=tuple(results))  # records out of the lock
 
     # -- the worker thread
 
