@@ -13,6 +13,7 @@ of its own, and the group is sent SIGTERM, then SIGKILL, when the case ends.
 
 from __future__ import annotations
 
+import compileall
 import json
 import os
 import signal
@@ -32,6 +33,7 @@ import psycopg
 import redis
 from psycopg import sql
 
+import headrace
 from bench.claims import percentile
 from bench.peers import cpu, probe
 from bench.peers.base import POSTGRES, REDIS, Peer, Site
@@ -294,6 +296,7 @@ def peer_figures(
     case. The cases a table sets side by side run within minutes of each other, and each
     system's runs are interleaved with the others'."""
     peers = [load(name) for name in names]
+    compiled(say)
     load_before = round(os.getloadavg()[0], 2)
     drains: list[Drain] = []
     for run in range(1, runs + 1):
@@ -317,6 +320,17 @@ def peer_figures(
     systems = [System(peer.name, peer.store, peer.settings) for peer in peers]
     load_after = round(os.getloadavg()[0], 2)
     return PeerFigures(tasks, samples, runs, systems, drains, latency, load_before, load_after)
+
+
+def compiled(say: Callable[[str], None]) -> None:
+    """Write the bytecode of headrace and of these benchmarks' own modules, as installing a
+    package from an index does for the peers: an editable install run with
+    `PYTHONDONTWRITEBYTECODE` set (as on some CI machines) would otherwise compile every module
+    from source in every worker process it starts, and four processes starting at once would
+    spend that in the drain they are measured on."""
+    for package in (Path(headrace.__file__).parent, ROOT / "bench"):
+        if not compileall.compile_dir(package, quiet=1):
+            say(f"could not write the bytecode of {package}: its processes compile it at start")
 
 
 def medians(figures: PeerFigures) -> dict[tuple[str, int], Drain]:
