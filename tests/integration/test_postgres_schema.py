@@ -195,7 +195,17 @@ async def test_a_claim_sets_its_own_commit_for_its_transaction_only(
     await migrate(conn, queries, schemas[0])
     await conn.execute("SELECT set_config('search_path', quote_ident(%s), false)", [schemas[0]])
     async with conn.transaction():
-        await conn.execute(queries["claim_start"].text, {"clock": None, "commit": commit})
+        await conn.execute(
+            queries["claim_start"].text,
+            {
+                "clock": None,
+                "commit": commit,
+                "sweep_check": False,
+                "ceiling": 1,
+                "aging_step": None,
+                "slack": 0.0,
+            },
+        )
         found = await (await conn.execute("SHOW synchronous_commit")).fetchone()
         assert found == {"synchronous_commit": commit}
     found = await (await conn.execute("SHOW synchronous_commit")).fetchone()

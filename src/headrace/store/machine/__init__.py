@@ -3,7 +3,7 @@ the one before: core.py (the driver, statements, clock, gate rows), tickets.py (
 dependency trees), submit.py, outcomes.py (what lease holders write; cancellation, reaping),
 claim.py, and transaction.py (the reads, and the whole)."""
 
-from headrace.store.machine.claim import Claimed, LeasedRows
+from headrace.store.machine.claim import Claimed, LeasedRows, SweepDue
 from headrace.store.machine.core import (
     AGING_SLACK,
     CLAIM_BATCH,
@@ -30,6 +30,7 @@ __all__ = [
     "LeasedRows",
     "Pending",
     "Planned",
+    "SweepDue",
     "Sweeps",
     "Transaction",
     "check_gates",

@@ -40,6 +40,13 @@ from headrace.store.types import (
     MemoryRoom,
 )
 
+
+class SweepDue(Exception):
+    """A claim asked to look for a sweep's work (`claim(sweep_check=True)`) found some: a lease
+    run out or a task old enough to age. Its transaction is to be rolled back, the sweep run,
+    and the claim made again, so that it sees what the sweep released."""
+
+
 # Candidates a claim's first batch reads past its limit and an eighth more (`first_batch`).
 FIRST_BATCH_MARGIN = 8
 
@@ -89,6 +96,7 @@ class Claiming(Outcomes):
         within: Sequence[KindLimit] = (),
         memory: MemoryRoom | None = None,
         ahead: int = 0,
+        sweep_check: bool = False,
     ) -> Claimed:
         """The claim's time, counters and next run_at (`claim_start`) come back with the first
         batch's gates, in one round trip. Each batch's gates are locked before its tasks, so a
@@ -98,14 +106,25 @@ class Claiming(Outcomes):
         classes); a full group's kinds are left out of later batches. `memory`: what the tasks
         taken may charge of the worker's memory (`MemoryBudget`); later batches leave out tasks
         larger than what is left. `ahead`: up to so many more tasks past `limit` that may wait
-        in the worker for a slot (`dispatch.may_wait`)."""
+        in the worker for a slot (`dispatch.may_wait`). `sweep_check`: `claim_start` also
+        looks whether a sweep would find anything (two index probes), and SweepDue is raised
+        if it would: a store whose sweeps are transactions of their own runs one only then."""
         self._budget = KindBudget([*within, *await self.backpressure()])
         self._memory = MemoryBudget(memory)
         self._solo_waiting = False
         clock = None if self._clock is None else self._clock.now()
         commit = "on" if durable else "off"
         self._gates_before_claim = len(self.gates.states) + len(self.gates.busy)
-        start: Pending | None = await self.send("claim_start", clock=clock, commit=commit)
+        step = self.settings.aging_step
+        start: Pending | None = await self.send(
+            "claim_start",
+            clock=clock,
+            commit=commit,
+            sweep_check=sweep_check,
+            ceiling=int(AGING_CEILING),
+            aging_step=step if step > 0 else None,
+            slack=AGING_SLACK,
+        )
         next_at: float | None = None
         chosen: list[Candidate] = []
         excluded: set[str] = set()
@@ -166,6 +185,8 @@ class Claiming(Outcomes):
         self.now = max(self.now, float(found["now"]))
         self._dispatches = int(found["dispatches"])
         self._virtual_time = float(found["virtual_time"])
+        if found["sweep_due"]:
+            raise SweepDue
         return None if found["next_at"] is None else float(found["next_at"])
 
     async def rounds(

@@ -54,7 +54,14 @@ from headrace.policy.clock import Clock
 from headrace.policy.errors import ConfigError, HeadraceError, StoreError
 from headrace.policy.gate import GateConfig
 from headrace.store import sql
-from headrace.store.machine import Claimed, Sweeps, Transaction, check_gates, task_row
+from headrace.store.machine import (
+    Claimed,
+    SweepDue,
+    Sweeps,
+    Transaction,
+    check_gates,
+    task_row,
+)
 from headrace.store.postgres.connection import (
     QUERIES,
     SESSION_LOST,
@@ -315,33 +322,48 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         durable = self.durable_claims or bool(batch)
 
         # Reap expired leases and age low tasks once SWEEP_EVERY of store time has passed (or
-        # the clock went back), judged by the clock as this store last saw it.
+        # the clock went back), judged by the clock as this store last saw it. The sweep is a
+        # transaction of its own, before the claim: the tasks it makes ready or promotes are
+        # then not held by a claim that has yet to lock their gates (another claim would skip
+        # them, out of order). Unless the tallies are due to be folded too, the claim first
+        # looks whether the sweep would find anything (SweepDue): mostly it would not, and the
+        # sweep's transaction is saved (on an idle worker, one round trip in five or so
+        # before a task starts).
         seen = self.clock.now() if self.clock is not None else await self.now()
         sweep = self._sweeps.due(seen)
+        if sweep and self._sweeps.fold_due(seen):
+            self._sweeps.swept(await self._write(lambda tx: tx.sweep(fold=True)), folded=True)
+            sweep = False
 
-        async def verb(tx: Transaction) -> tuple[list[HeadraceError | None], Claimed]:
-            # The outcomes first: they lock their tasks, then gates, as every writer does; the
-            # claim then holds those gates already and waits only above them.
-            results = await tx.finish_many(batch) if batch else []
-            claimed = await tx.claim(
-                worker,
-                limit,
-                lease_for,
-                wanted,
-                alone=alone,
-                durable=durable,
-                within=groups,
-                memory=memory,
-                ahead=ahead,
-            )
-            return results, claimed
+        def verb(check: bool) -> Callable[[Transaction], Awaitable[Swept]]:
+            async def claim(tx: Transaction) -> Swept:
+                # The outcomes first: they lock their tasks, then gates, as every writer does;
+                # the claim then holds those gates already and waits only above them.
+                results = await tx.finish_many(batch) if batch else []
+                claimed = await tx.claim(
+                    worker,
+                    limit,
+                    lease_for,
+                    wanted,
+                    alone=alone,
+                    durable=durable,
+                    within=groups,
+                    memory=memory,
+                    ahead=ahead,
+                    sweep_check=check,
+                )
+                return results, claimed
 
-        if sweep:
-            # Its own transaction: the tasks it makes ready or promotes are not held by a claim
-            # that has yet to lock their gates (another claim would skip them, out of order).
-            fold = self._sweeps.fold_due(seen)
-            self._sweeps.swept(await self._write(lambda tx: tx.sweep(fold=fold)), folded=fold)
-        results, claimed = await self._write(verb, clock_first=False)  # read in passing
+            return claim
+
+        try:
+            results, claimed = await self._write(verb(sweep), clock_first=False)
+        except SweepDue:  # rolled back: nothing of it was written
+            self._sweeps.swept(await self._write(lambda tx: tx.sweep()), folded=False)
+            results, claimed = await self._write(verb(False), clock_first=False)
+        else:
+            if sweep:  # looked, and there was nothing to sweep
+                self._sweeps.swept(claimed.now, folded=False)
         merged: list[HeadraceError | None] = [None] * len(finished)
         for n, result in [*zip(spawning, early, strict=True), *zip(carried, results, strict=True)]:
             merged[n] = result
@@ -458,6 +480,9 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         return template.format(
             schema=pgsql.Identifier(self.schema), channel=pgsql.Identifier(self.channel)
         )
+
+
+Swept = tuple[list[HeadraceError | None], Claimed]  # a claim's outcomes' results, and it
 
 
 def _spawns(outcome: Outcome) -> bool:

@@ -339,11 +339,20 @@ FROM unnest(%(ids)s::bigint[], %(tiers)s::smallint[]) AS p (id, tier)
 WHERE tasks.id = p.id;
 
 -- name: claim_start
--- A claim's time, kept for its statements as `headrace.now`, counters, next run_at; its settings.
+-- A claim's time, kept for its statements as `headrace.now`, counters, next run_at; its settings; asked to, whether a sweep would find a lease run out or a task to age (each an index probe).
 SELECT c.now,
        (SELECT last_value FROM dispatches) AS dispatches,
        (SELECT coalesce(max(last_tag), 0) FROM flows) AS virtual_time,
        (SELECT min(run_at) FROM tasks WHERE state = 'ready' AND run_at > c.now) AS next_at,
+       CASE WHEN %(sweep_check)s::boolean THEN
+           EXISTS (SELECT 1 FROM tasks WHERE state = 'running' AND lease_until <= c.now)
+           OR EXISTS (
+               SELECT 1 FROM tasks
+               WHERE state = 'ready' AND tier > %(ceiling)s::smallint
+                 AND ready_since <= c.now - %(aging_step)s::double precision
+                                    + %(slack)s::double precision
+           )
+       END AS sweep_due,
        -- the candidates walk the claim-order index, never sort the whole queue (before ANALYZE
        -- has seen a burst, the planner would); kept for the rest of the claim
        set_config('enable_sort', 'off', true) AS sort,
