@@ -123,7 +123,7 @@ def test_every_query_has_a_description_and_compiles(
     for query in queries.values():
         assert query.description and "\n" not in query.description, query.name
         for text in statements[query.name]:
-            text = text.format(version=1, milliseconds=0) if "{" in text else text
+            text = text.format(version=1) if "{" in text else text
             migrated.execute(f"EXPLAIN {text}", Unbound()).fetchall()
 
 
@@ -147,7 +147,7 @@ def plans(
     statements = scripts(queries)
     for name in sorted(statements):
         for text in statements[name]:
-            text = text.format(version=1, milliseconds=0) if "{" in text else text
+            text = text.format(version=1) if "{" in text else text
             rows = connection.execute(f"EXPLAIN QUERY PLAN {text}", AnyValue()).fetchall()
             yield name, text, [(r[0], r[1], r[2], str(r[3])) for r in rows]
 

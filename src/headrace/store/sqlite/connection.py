@@ -44,15 +44,13 @@ def path_from_url(url: str) -> Path:
 
 def connect(path: Path, busy_timeout: float, queries: Queries) -> sqlite3.Connection:
     """A connection in autocommit mode (transactions are explicit), WAL, foreign keys on; its
-    commits leave checkpoints to the store's checkpointer. A store uses it from two threads,
-    never from both at once (`SQLiteStore._using`)."""
+    commits leave checkpoints to the store's checkpointer."""
     connection = sqlite3.connect(
         path,
         timeout=busy_timeout,
         isolation_level=None,
         detect_types=sqlite3.PARSE_COLNAMES,  # a column "x [headrace_json]" is read as JSON
         cached_statements=STATEMENT_CACHE,
-        check_same_thread=False,
     )
     try:
         for name in ("journal_wal", "synchronous_normal", "foreign_keys_on", "checkpoint_backstop"):
@@ -188,14 +186,6 @@ def drive(steps: Coroutine[Any, Any, T]) -> T:
         return cast(T, done.value)
     steps.close()
     raise StoreError("sqlite store: a transaction step waited on something else than the file")
-
-
-def locked(error: BaseException) -> bool:
-    """Whether `error` (a StoreError from `translated`) met a lock another connection held."""
-    cause = error.__cause__
-    return isinstance(cause, sqlite3.Error) and (
-        getattr(cause, "sqlite_errorcode", 0) & 0xFF in _LOCKED
-    )
 
 
 def translated(work: Callable[[], T]) -> T:

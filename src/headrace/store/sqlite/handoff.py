@@ -1,17 +1,15 @@
 """How soon the store's thread gets the interpreter back after each statement.
 
-The store runs its reads, and the writes that wait for another process's turn, on its own
-thread (a write whose turn is free at once runs on the event loop's), and SQLite lets go of
-the interpreter lock (the GIL) while it steps a statement, at every row. Taking the lock back
-waits for the thread that holds it meanwhile, the event loop's, to hand it over: at once if
-that thread waits on something, and otherwise after the interpreter's switch interval, 5 ms by
-default. A claim or an outcome batch is about ten statements, each of which may wait so,
-inside the write transaction that every other process sharing the file queues behind. While a
-store is open its process switches every 0.5 ms instead: `python -m bench --only peers
---system headrace-sqlite`, three runs of each, drained 11,067 -> 12,215 tasks a second with one
-process and 14,222 -> 15,014 with four (medians), at 91 -> 82 microseconds of CPU a task. A
-process whose interval is set already (not the default) keeps its own; the default comes back
-when the last store closes.
+The store runs every statement on its own thread, and SQLite lets go of the interpreter lock
+(the GIL) while it steps a statement. Taking the lock back waits for the thread that holds it
+meanwhile, the event loop's, to hand it over: at once if that thread waits on something, and
+otherwise after the interpreter's switch interval, 5 ms by default. A claim or an outcome batch
+is about ten statements, each of which may wait so, inside the write transaction that every
+other process sharing the file queues behind. While a store is open its process switches
+every 0.5 ms instead: `python -m bench --only peers --system headrace-sqlite`, three runs of
+each, drained 11,067 -> 12,215 tasks a second with one process and 14,222 -> 15,014 with four
+(medians), at 91 -> 82 microseconds of CPU a task. A process whose interval is set already (not
+the default) keeps its own; the default comes back when the last store closes.
 """
 
 from __future__ import annotations

@@ -7,12 +7,9 @@ rate hold across all of them. Writers queue for that lock through the write turn
 (store/sqlite/turn.py), which hands it on the moment it is let go. The store's clock defaults
 to the wall clock (epoch seconds), which every process on the host shares.
 
-Each verb runs whole on the store's own thread, so the event loop never waits for the database,
-except a write whose turn is free at once: no other process writes, so it runs at once on the
-event loop's thread, without the hand-off to the store's thread and back and without sharing
-the interpreter lock with the loop while it holds the turn (`_write`). The statements are named
-in `store/sql/sqlite/queries.sql`; the schema is the versioned migrations in
-`store/sql/sqlite/migrations/`, applied by `open()`.
+The connection lives on one worker thread and each verb runs there whole, so the event loop never
+waits on the database. The statements are named in `store/sql/sqlite/queries.sql`; the schema is
+the versioned migrations in `store/sql/sqlite/migrations/`, applied by `open()`.
 """
 
 from __future__ import annotations
@@ -20,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
-import threading
 from collections.abc import (
     Awaitable,
     Callable,
@@ -47,7 +43,6 @@ from headrace.store.sqlite.connection import (
     connect,
     drive,
     in_transaction,
-    locked,
     migrate,
     path_from_url,
     scripts,
@@ -62,10 +57,6 @@ T = TypeVar("T")
 
 # Seconds between looks for other processes' commits: the fallback when no wake-up comes.
 DATA_VERSION_POLL = 0.02
-
-
-class _Locked(Exception):
-    """A write on the loop's thread found the file locked by a program that takes no turn."""
 
 
 class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
@@ -96,9 +87,8 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         self._sweeps = Sweeps()
         self._executor: ThreadPoolExecutor | None = None
         self._connection: sqlite3.Connection | None = None
-        self._using = threading.Lock()  # held by whichever thread uses the connection
         self._data_version = 0
-        self._woke = False  # set by a write that may free work
+        self._woke = False  # set on the store's thread by a write that may free work
         self._woken = asyncio.Event()  # ... and passed on to waiters by the event loop
         self._channel = WakeChannel(self.path, self._woken.set)  # ... to and from other processes
         self._checkpointer: Checkpointer | None = None
@@ -153,7 +143,7 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         if executor is None:
             return
         try:
-            await asyncio.get_running_loop().run_in_executor(executor, self._disconnect_using)
+            await asyncio.get_running_loop().run_in_executor(executor, self._disconnect)
         finally:
             executor.shutdown(wait=True)
             self._turn.close()
@@ -219,28 +209,13 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         results, claimed, rows = await self._write(verb)
         return replace(claimed.result(rows), finished=tuple(results))  # records out of the lock
 
-    # -- the store's thread, and writes on the loop's
+    # -- the worker thread
 
     async def _write(
         self, verb: Callable[[Transaction], Awaitable[T]], *, clock_first: bool = True
     ) -> T:
-        """Every write reads the clock first: it holds the file's write lock from its start.
-
-        A write whose turn is free at once, while the store's thread is not using the
-        connection, runs here on the event loop's thread, and its await returns without giving
-        the loop a turn, as awaiting a finished future does (giving it one cost an idle
-        worker's claim 0.8 ms before its task started). On the store's thread, SQLite lets go
-        of the interpreter at every row it steps, and taking it back waits for the loop to hand
-        it over while the turn is held: the one-process drain of `bench --only peers` spent 6
-        to 8 ms in a statement that takes 1.6 ms alone. Otherwise (another process writes, or
-        the thread is busy) the write waits for its turn on the store's thread."""
-        if self._take_here():
-            try:
-                result = self._transact_here(verb)
-            except _Locked:  # another program's write holds the file: wait for it there
-                result = await self._in_thread(lambda: self._transact_write(verb))
-        else:
-            result = await self._in_thread(lambda: self._transact_write(verb))
+        """Every write reads the clock first: it holds the file's write lock from its start."""
+        result = await self._in_thread(lambda: self._transact_write(verb))
         if self._woke:  # committed: idle workers may claim, in this process and others
             self._woke = False
             self._woken.set()
@@ -265,46 +240,7 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
     async def _in_thread(self, work: Callable[[], T]) -> T:
         if self._executor is None:
             raise StoreError(f"{self!r} is not open: await store.open(settings) first")
-
-        def using() -> T:
-            with self._using:
-                return work()
-
-        return await asyncio.get_running_loop().run_in_executor(self._executor, using)
-
-    def _take_here(self) -> bool:
-        """The write turn and the connection, taken for a write on this thread if both are
-        free at once (never waiting: this is the event loop's thread)."""
-        if self._connection is None or not self._turn.try_acquire():
-            return False
-        if self._using.acquire(blocking=False):
-            return True
-        self._turn.release()
-        return False
-
-    def _transact_here(self, verb: Callable[[Transaction], Awaitable[T]]) -> T:
-        """A write with the turn and the connection held (`_take_here`), both let go after it.
-        SQLite's busy handler does not wait meanwhile: a program that writes without taking
-        the turn (the `sqlite3` shell) and holds the file makes it raise _Locked, having
-        written nothing, rather than hold up the loop."""
-        connection = self._connection
-        assert connection is not None
-        try:
-            translated(lambda: connection.execute(self._busy_timeout(0)))
-            try:
-                return self._transact("begin_write", verb)
-            except StoreError as exc:
-                if locked(exc):
-                    raise _Locked from exc
-                raise
-            finally:
-                translated(lambda: connection.execute(self._busy_timeout(self.busy_timeout)))
-        finally:
-            self._using.release()
-            self._turn.release()
-
-    def _busy_timeout(self, seconds: float) -> str:
-        return self._queries["set_busy_timeout"].text.format(milliseconds=round(seconds * 1000))
+        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
 
     def _transact_write(self, verb: Callable[[Transaction], Awaitable[T]]) -> T:
         with self._turn:  # before BEGIN IMMEDIATE: no busy wait between this host's writers
@@ -342,10 +278,6 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
             connection.close()
             raise
         self._connection = connection
-
-    def _disconnect_using(self) -> None:
-        with self._using:
-            self._disconnect()
 
     def _disconnect(self) -> None:
         connection, self._connection = self._connection, None

@@ -46,7 +46,7 @@ class _Wait:
 
 class WriteTurn:
     """The write turn of one SQLite file, for the writes of one store (one thread at a time:
-    the store's own, or the event loop's when the turn was free at once)."""
+    the store's own)."""
 
     def __init__(self, database: Path, timeout: float) -> None:
         self.path = turn_path(database)
@@ -55,22 +55,17 @@ class WriteTurn:
         self._fd: int | None = None
         self._waits: queue.SimpleQueue[_Wait | None] | None = None
 
-    def try_acquire(self) -> bool:
-        """Take the turn if no other process has it; never wait."""
-        fd = self._open()
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        except OSError as exc:
-            raise StoreError(f"sqlite store: cannot lock {self.path}: {exc}") from exc
-        return True
-
     def acquire(self) -> None:
         """Take the turn, waiting at most `timeout` seconds for another process to end its
         write; StoreError when it does not."""
-        if self.try_acquire():
+        fd = self._open()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            raise StoreError(f"sqlite store: cannot lock {self.path}: {exc}") from exc
         self.waited += 1
         wait = _Wait()
         self._waiter().put(wait)

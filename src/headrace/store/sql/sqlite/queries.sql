@@ -50,10 +50,6 @@ PRAGMA wal_checkpoint(PASSIVE);
 -- The schema version this file was migrated to.
 PRAGMA user_version;
 
--- name: set_busy_timeout
--- How long a statement waits for a write lock another connection holds; formatted with an int.
-PRAGMA busy_timeout = {milliseconds:d};
-
 -- name: set_user_version
 -- Record the schema version; formatted with an int, since a pragma takes no bound parameters.
 PRAGMA user_version = {version:d};
