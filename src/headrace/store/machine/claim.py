@@ -106,9 +106,10 @@ class Claiming(Outcomes):
         classes); a full group's kinds are left out of later batches. `memory`: what the tasks
         taken may charge of the worker's memory (`MemoryBudget`); later batches leave out tasks
         larger than what is left. `ahead`: up to so many more tasks past `limit` that may wait
-        in the worker for a slot (`dispatch.may_wait`). `sweep_check`: `claim_start` also
-        looks whether a sweep would find anything (two index probes), and SweepDue is raised
-        if it would: a store whose sweeps are transactions of their own runs one only then."""
+        in the worker for a slot (`dispatch.may_wait`). `sweep_check`: PostgreSQL's
+        `claim_start` also looks whether a sweep would find anything (two index probes), and
+        SweepDue is raised if it would: a store whose sweeps are transactions of their own runs
+        one only then (SQLite's sweep in the claim's transaction and never ask)."""
         self._budget = KindBudget([*within, *await self.backpressure()])
         self._memory = MemoryBudget(memory)
         self._solo_waiting = False

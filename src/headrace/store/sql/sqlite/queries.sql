@@ -511,19 +511,12 @@ INSERT OR IGNORE INTO task_deps (dep_id, task_id)
 SELECT d.value, json_extract(:task_ids, '$[' || d.key || ']') FROM json_each(:dep_ids) AS d;
 
 -- name: claim_start
--- A claim's time, the counters and the earliest future run_at of a ready task; asked to, whether a sweep would find a lease run out or a task to age.
+-- A claim's time, the counters and the earliest future run_at of a ready task; no sweep check (SQLite sweeps inside the claim's own transaction, with nothing to save).
 SELECT :clock AS now,
        (SELECT value FROM meta WHERE name = 'dispatches') AS dispatches,
        (SELECT value FROM meta WHERE name = 'virtual_time') AS virtual_time,
        (SELECT min(run_at) FROM tasks WHERE state = 'ready' AND run_at > :clock) AS next_at,
-       CASE WHEN :sweep_check THEN
-           EXISTS (SELECT 1 FROM tasks WHERE state = 'running' AND lease_until <= :clock)
-           OR EXISTS (
-               SELECT 1 FROM tasks
-               WHERE state = 'ready' AND tier > :ceiling
-                 AND ready_since <= :clock - :aging_step + :slack
-           )
-       END AS sweep_due;
+       NULL AS sweep_due;
 
 -- name: claim_batch
 -- One claim batch: due ready tasks after a (tier, tag, id) key with their flows' and lanes' turns, the batch's size and end, and its gates' states; the first `take` of them.
