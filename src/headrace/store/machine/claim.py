@@ -361,15 +361,17 @@ class Claiming(Outcomes):
         ids = [task.id for task in chosen]
         if any(task.kind in self._held_back for task in chosen):
             self.wake = True  # room downstream: claims that backpressure held back may go on
-        flows = sorted(self._served_now)
-        await self.run("lock_flows", flows=flows)  # before the counters
         rated = sorted({name for task in chosen for name in task.gates if self.rated(name)})
-        leased = await self.send(
-            "lease_tasks",
-            ids=ids,
-            rated=rated,
-            worker=worker,
-            until=until,
+        leased = await self.send("lease_tasks", ids=ids, rated=rated, worker=worker, until=until)
+        # The flows last: other claims serving the same flow wait for its row from here to the
+        # commit, not while this one leases (on PostgreSQL, a claim of a few hundred tasks held
+        # one flow through its whole lease, and four workers on one flow queued for it). Locked
+        # before the counters, so that turns are numbered in the order flows are served.
+        flows = sorted(self._served_now)
+        await self.run("lock_flows", flows=flows)
+        await self.run(
+            "serve_flows",
+            count=len(ids),
             virtual_time=self._virtual_time or 0.0,
             # turns numbered up to this claim's count (`base`), renumbered once it is counted
             base=self._dispatches or 0,

@@ -444,7 +444,7 @@ WINDOW w AS (ORDER BY c.tier, c.tag, c.id)
 ORDER BY c.tier, c.tag, c.id;
 
 -- name: lease_tasks
--- Lease ready tasks under new fencing tokens, with attempts and tickets; number the flows' turns, move their last tags.
+-- Lease ready tasks (locked by the claim's batches) under new fencing tokens, with attempts and tickets.
 WITH leased AS (
     UPDATE tasks
     SET state = 'running', attempt = attempt + 1, worker = %(worker)s::text,
@@ -457,23 +457,26 @@ WITH leased AS (
 ), granted AS (  -- a ticket on a rated gate reserves a start, stamped later
     INSERT INTO tickets (task_id, gate, started)
     SELECT id, gate, gate <> ALL(%(rated)s::text[]) FROM leased, unnest(gates) AS g (gate)
-), numbered AS (  -- a dispatch number each, drawn from the sequence: no row locked
-    SELECT n, row_number() OVER (ORDER BY n) AS i
-    FROM (SELECT nextval('dispatches') AS n FROM leased) AS drawn
-), turns AS (
-    -- flows locked before; this claim's turns, numbered up to `base`, take the numbers drawn
-    UPDATE flows
-    SET served = (
-            SELECT n FROM numbered
-            WHERE i = f.served - %(base)s::bigint + cardinality(%(ids)s::bigint[])
-        ),
-        last_tag = greatest(flows.last_tag, f.tag)
-    FROM unnest(
-        %(flows)s::text[], %(served)s::bigint[], %(tags)s::double precision[]
-    ) AS f (flow, served, tag)
-    WHERE flows.flow = f.flow
 )
 SELECT * FROM leased;
+
+-- name: serve_flows
+-- A claim's turns, its flows locked (`lock_flows`): `count` dispatch numbers drawn from the sequence (no row locked), each flow's turn numbered up to `base` taking its own, its last tag moved.
+WITH numbered AS (
+    SELECT n, row_number() OVER (ORDER BY n) AS i
+    FROM (
+        SELECT nextval('dispatches') AS n FROM generate_series(1, %(count)s::integer)
+    ) AS drawn
+)
+UPDATE flows
+SET served = (
+        SELECT n FROM numbered WHERE i = f.served - %(base)s::bigint + %(count)s::integer
+    ),
+    last_tag = greatest(flows.last_tag, f.tag)
+FROM unnest(
+    %(flows)s::text[], %(served)s::bigint[], %(tags)s::double precision[]
+) AS f (flow, served, tag)
+WHERE flows.flow = f.flow;
 
 -- name: end_attempt
 -- Close the open attempt of a task (running, or waiting on its remote job) with its outcome.

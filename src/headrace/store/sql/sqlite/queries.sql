@@ -568,7 +568,7 @@ ORDER BY p.tier, p.tag, p.id
 LIMIT :take;  -- what the claim still needs, as the PostgreSQL batch locks no more
 
 -- name: lease_tasks
--- Lease ready tasks under new fencing tokens, with attempts and tickets; count them, number the turns.
+-- Lease ready tasks under new fencing tokens, with attempts and tickets.
 -- The tasks are updated last, their rows returned by the update: not looked up again.
 INSERT INTO attempts (task_id, number, worker, started_at, outcome)
 SELECT id, attempt + 1, :worker, :now, 'running' FROM tasks
@@ -577,9 +577,17 @@ INSERT INTO tickets (task_id, gate, started)
 SELECT t.id, g.value, g.value NOT IN (SELECT value FROM json_each(:rated))
 FROM tasks AS t, json_each(t.gates) AS g
 WHERE t.id IN (SELECT value FROM json_each(:ids));
+UPDATE tasks
+SET state = 'running', attempt = attempt + 1, worker = :worker, lease_until = :until,
+    lease_token = lease_token + 1
+WHERE id IN (SELECT value FROM json_each(:ids))
+RETURNING *;
+
+-- name: serve_flows
+-- A claim's turns: `count` dispatches counted, each flow's turn numbered up to `base` taking its own.
 UPDATE meta
 SET value = CASE name
-    WHEN 'dispatches' THEN value + json_array_length(:ids)
+    WHEN 'dispatches' THEN value + :count
     ELSE max(value, :virtual_time)
 END
 WHERE name IN ('dispatches', 'virtual_time');
@@ -590,11 +598,6 @@ FROM (
     FROM json_each(:flows) AS n
 ) AS f
 WHERE flows.flow = f.flow;
-UPDATE tasks
-SET state = 'running', attempt = attempt + 1, worker = :worker, lease_until = :until,
-    lease_token = lease_token + 1
-WHERE id IN (SELECT value FROM json_each(:ids))
-RETURNING *;
 
 -- name: lease_polls
 -- Hand waiting tasks to a poller, each under a new fencing token.
