@@ -400,3 +400,15 @@ def test_no_query_reads_a_parameter_array_once_per_row(
         for inner in loops.values():
             nested += [f"{name}: {d}" for d in inner[1:] if d.split()[1] in arrays]
     assert nested == []
+
+
+def test_a_connection_keeps_temporary_b_trees_in_memory(tmp_path: Path) -> None:
+    """`temp_store = MEMORY` (2): a statement's IN lists, DISTINCT and sorts cost no temporary
+    file's pager; the log and foreign keys as before."""
+    connection = connect(tmp_path / "pragmas.db", 1.0, sql.load_queries(QUERIES))
+    try:
+        assert connection.execute("PRAGMA temp_store").fetchone()[0] == 2
+        assert connection.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        assert connection.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+    finally:
+        connection.close()

@@ -53,7 +53,13 @@ def connect(path: Path, busy_timeout: float, queries: Queries) -> sqlite3.Connec
         cached_statements=STATEMENT_CACHE,
     )
     try:
-        for name in ("journal_wal", "synchronous_normal", "foreign_keys_on", "checkpoint_backstop"):
+        for name in (
+            "journal_wal",
+            "synchronous_normal",
+            "foreign_keys_on",
+            "temp_store_memory",
+            "checkpoint_backstop",
+        ):
             connection.execute(queries[name].text).fetchall()
     except BaseException:
         connection.close()
