@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 from headrace.store.postgres.store import GONE_AFTER, PROBE_IDLE, PROBE_INTERVAL, PROBES
 
+from . import root_network
+
 
 def available() -> str | None:
     """Why network namespaces cannot be made here, or None when they can."""
@@ -129,12 +131,14 @@ class Network:
 
 @contextlib.contextmanager
 def network(names: Sequence[str]) -> Iterator[Network]:
-    made = Network(names)
-    try:
-        made.up()
-        yield made
-    finally:
-        made.down()
+    """The network of `names`, made once no browser test runs (`root_network`)."""
+    with root_network.changing():
+        made = Network(names)
+        try:
+            made.up()
+            yield made
+        finally:
+            made.down()
 
 
 class Forwarder:

@@ -20,9 +20,11 @@ from headrace.store.records import AuditRow, OutboxRow
 from tests.integration.processes import read
 from tests.services import unavailable
 
+from . import root_network
 from .server import Server, serving
 
-pytestmark = pytest.mark.realtime
+# A browser test may first wait for the multi-host test to give the network back.
+pytestmark = [pytest.mark.realtime, pytest.mark.timeout(300)]
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
@@ -86,7 +88,7 @@ def test_a_moderator_reviews_in_a_stable_order_and_crosses_the_new_items_boundar
     server: Server, tmp_path: Path
 ) -> None:
     first = upload(server, 3)
-    with sync_playwright() as driver:
+    with root_network.browsing(), sync_playwright() as driver:
         browser = driver.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page()
@@ -123,7 +125,7 @@ def test_a_moderator_reviews_in_a_stable_order_and_crosses_the_new_items_boundar
 
 def test_two_moderators_approving_one_item_at_once_converge(server: Server) -> None:
     [media_id] = upload(server, 1)
-    with sync_playwright() as driver:
+    with root_network.browsing(), sync_playwright() as driver:
         browser = driver.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
         try:
             pages = []

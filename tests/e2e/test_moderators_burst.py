@@ -33,6 +33,7 @@ from headrace.store.records import AuditRow, OutboxRow
 from tests.integration.postgres import fresh_schema, read_store
 from tests.integration.processes import read
 
+from . import root_network
 from .server import Server, serving
 from .test_moderator_page import CHROMIUM_ARGS, chromium, screenshots
 
@@ -280,7 +281,8 @@ def test_three_moderators_review_a_burst_by_keyboard(tmp_path: Path, backend: st
         server = stack.enter_context(serving(tmp_path, "--workers", "2", store=url))
         ids = send_burst(server)
         asyncio.run(wait_reviewable(server, ids))
-        moderators = asyncio.run(review_all(server, tmp_path / backend, backend))
+        with root_network.browsing():
+            moderators = asyncio.run(review_all(server, tmp_path / backend, backend))
         if url is None:
             audit, outbox = read(server.db, trail)
         else:
