@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import TypeVar
 
 import psycopg
 from psycopg import sql
 
+from headrace.policy.clock import Clock
 from headrace.store.base import Store
 from headrace.store.postgres import PostgresStore
 from headrace.store.types import ACTIVE, Settings
@@ -43,6 +44,21 @@ def fresh_schema(prefix: str) -> Iterator[str]:
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+@asynccontextmanager
+async def opened_store(
+    prefix: str, *, options: str = "", clock: Clock | None = None, settings: Settings | None = None
+) -> AsyncIterator[PostgresStore]:
+    """A store opened on a schema of its own (`fresh_schema`), closed and dropped afterwards;
+    `options`: more of its URL's query (`pool_max=1`)."""
+    with fresh_schema(prefix) as url:
+        store = PostgresStore.from_url(f"{url}&{options}" if options else url, clock=clock)
+        await store.open(settings or Settings())
+        try:
+            yield store
+        finally:
+            await store.close()
 
 
 def read_store(url: str, query: Callable[[Store], Awaitable[T]]) -> T:

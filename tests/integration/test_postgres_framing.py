@@ -15,8 +15,7 @@ import pytest
 from headrace.policy.errors import StoreError
 from headrace.store.machine import Transaction
 from headrace.store.postgres import PostgresStore
-from headrace.store.types import Settings
-from tests.integration.postgres import fresh_schema
+from tests.integration.postgres import opened_store
 
 pytestmark = pytest.mark.anyio
 
@@ -28,13 +27,8 @@ def anyio_backend() -> tuple[str, dict[str, Any]]:
 
 @pytest.fixture
 async def store() -> AsyncIterator[PostgresStore]:
-    with fresh_schema("headrace_framing") as url:
-        opened = PostgresStore.from_url(url)
-        await opened.open(Settings())
-        try:
-            yield opened
-        finally:
-            await opened.close()
+    async with opened_store("headrace_framing") as opened:
+        yield opened
 
 
 async def flows(store: PostgresStore) -> list[str]:

@@ -13,8 +13,8 @@ import pytest
 from headrace.store import sql
 from headrace.store.postgres import QUERIES, PostgresStore
 from headrace.store.postgres.store import PREPARE_THRESHOLD, PREPARED_MAX
-from headrace.store.types import NewTask, Settings
-from tests.integration.postgres import fresh_schema
+from headrace.store.types import NewTask
+from tests.integration.postgres import opened_store
 
 pytestmark = pytest.mark.anyio
 
@@ -26,13 +26,8 @@ def anyio_backend() -> tuple[str, dict[str, Any]]:
 
 @pytest.fixture
 async def store() -> AsyncIterator[PostgresStore]:
-    with fresh_schema("headrace_prepared") as url:
-        opened = PostgresStore.from_url(f"{url}&pool_min=1&pool_max=1")  # one connection
-        await opened.open(Settings())
-        try:
-            yield opened
-        finally:
-            await opened.close()
+    async with opened_store("headrace_prepared", options="pool_min=1&pool_max=1") as opened:
+        yield opened  # one connection
 
 
 async def prepared(store: PostgresStore) -> dict[str, tuple[int, int]]:

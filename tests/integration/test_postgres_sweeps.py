@@ -15,7 +15,7 @@ from headrace.policy.tiers import Tier
 from headrace.store.machine import FOLD_EVERY, SWEEP_EVERY, Transaction
 from headrace.store.postgres import PostgresStore
 from headrace.store.types import NewTask, Settings, TaskState
-from tests.integration.postgres import fresh_schema
+from tests.integration.postgres import opened_store
 
 pytestmark = pytest.mark.anyio
 
@@ -48,13 +48,9 @@ def sweeps(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
 @pytest.fixture
 async def store(clock: ManualClock) -> AsyncIterator[PostgresStore]:
-    with fresh_schema("headrace_sweeps") as url:
-        opened = PostgresStore.from_url(url, clock=clock)
-        await opened.open(Settings(aging_step=AGING_STEP))
-        try:
-            yield opened
-        finally:
-            await opened.close()
+    settings = Settings(aging_step=AGING_STEP)
+    async with opened_store("headrace_sweeps", clock=clock, settings=settings) as opened:
+        yield opened
 
 
 def task(ref: str, tier: Tier = Tier.NORMAL) -> NewTask:

@@ -124,7 +124,7 @@ CLOCK_REUSE = 1.0
 # batch), and keeps every one it has prepared: the store runs its named statements only, again
 # and again. An idle worker's pool holds two to four connections, each preparing its own.
 PREPARE_THRESHOLD = 0
-PREPARED_MAX = 256  # more than the store has named statements (113)
+PREPARED_MAX = 256  # more than the store has named statements (test_postgres_prepared.py)
 # Tries of one verb that met a deadlock, a serialization failure or a racing idempotency key.
 CONFLICT_TRIES = 5
 BEGIN = "BEGIN"
