@@ -58,7 +58,7 @@ async def test_a_claim_is_prepared_the_first_time_it_runs(store: PostgresStore) 
     claimed = await store.claim("w", 1, lease_for=30.0)
     assert len(claimed.leases) == 1
     plans = await prepared(store)
-    for name in ("claim_start", "claim_batch", "lease_tasks", "serve_flows"):
+    for name in ("claim_start", "claim_batch", "lease_tasks"):
         assert queries[name] in plans, f"{name} was not prepared at its first run"
     # the claim's batch planned once, for any parameters (the claim forces a generic plan)
     assert plans[queries["claim_batch"]] == (1, 0)

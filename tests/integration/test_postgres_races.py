@@ -204,6 +204,78 @@ async def test_the_one_statement_submit_tags_as_the_policy_does(
     assert len(ours) == 4 * 12
 
 
+async def test_a_claim_draws_its_turns_only_once_it_holds_its_flows(
+    stores: list[PostgresStore],
+) -> None:
+    """Another transaction holds the flow while the claim leases: the claim waits for it, and
+    only then draws its dispatch numbers. The other one draws and serves the flow meanwhile,
+    so the claim's turn comes after it (drawn before the lock, it would move the flow's turn
+    back when it commits)."""
+    store = stores[0]
+    await store.submit([NewTask("shot", "1", flow="a")])
+    async with await psycopg.AsyncConnection.connect(store.dsn) as other:
+        await other.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(store.schema)))
+        await other.execute("SELECT served FROM flows WHERE flow = 'a' FOR UPDATE")
+        claim = asyncio.create_task(store.claim("w", 1, lease_for=30.0))
+        await waiting_for_a_lock(other, f"headrace/{store.schema}"[:63])
+        cursor = await other.execute("SELECT nextval('dispatches') AS n")
+        drawn = await cursor.fetchone()
+        assert drawn is not None
+        await other.execute("UPDATE flows SET served = %s WHERE flow = 'a'", [drawn[0]])
+        await other.commit()
+        claimed = await claim
+        cursor = await other.execute("SELECT served FROM flows WHERE flow = 'a'")
+        found = await cursor.fetchone()
+    assert [lease.task.ref for lease in claimed.leases] == ["1"]
+    assert found is not None
+    assert found[0] == drawn[0] + 1
+
+
+async def waiting_for_a_lock(conn: psycopg.AsyncConnection[Any], application: str) -> None:
+    """Until a session of `application` waits for a lock (10 s at most)."""
+    for _ in range(1000):
+        cursor = await conn.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE application_name = %s AND wait_event_type = 'Lock'",
+            [application],
+        )
+        found = await cursor.fetchone()
+        if found is not None and found[0]:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no session of {application} waited for a lock")
+
+
+async def test_an_idle_claim_is_five_statements_in_two_round_trips(
+    stores: list[PostgresStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """BEGIN, the claim's start and its batch (the clock read in the batch, once its gates
+    are held); then the lease, which serves the flows too, and COMMIT."""
+    store = stores[0]
+    await store.submit([NewTask("shot", "warm")])
+    await store.claim("w", 1, lease_for=30.0)  # the first sweep and the clock: before counting
+    await store.submit([NewTask("shot", "counted")])
+    sent: list[str] = []
+    syncs: list[int] = []
+    execute, sync = psycopg.AsyncConnection.execute, psycopg.AsyncPipeline.sync
+
+    async def counted_execute(conn: psycopg.AsyncConnection[Any], query: Any, *a: Any) -> Any:
+        sent.append(str(query).split()[0])
+        return await execute(conn, query, *a)
+
+    async def counted_sync(pipeline: psycopg.AsyncPipeline) -> None:
+        syncs.append(len(sent))
+        await sync(pipeline)
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "execute", counted_execute)
+    monkeypatch.setattr(psycopg.AsyncPipeline, "sync", counted_sync)
+    claimed = await store.claim("w", 1, lease_for=30.0)
+    assert [lease.task.ref for lease in claimed.leases] == ["counted"]
+    assert len(sent) == 5, sent
+    assert sent[0] == "BEGIN" and sent[-1] == "COMMIT"
+    assert syncs == [3]  # the batch read; the commit's sync ends the pipeline
+
+
 PROBES = 24
 CLAIMERS = 2
 LOW_TASKS = 40  # more than one claim's first batch: the other claim reads past it

@@ -264,11 +264,10 @@ class Claiming(Outcomes):
                 held=sorted(self.gates.states),
                 top=max(self.gates.states, default=""),
             )
-            time = await self.send_clock() if first else None
             columns, rows = await sent.table()
-            if first:
-                await self.read_clock(time)
             edge = dict(zip(columns, rows[0], strict=True))
+            if first:  # `now`: the server's clock once the batch's gates were held
+                self.clock_read(edge["now"])
             self.gates.take(edge["gate_rows"])
             others = [name for name in edge["wanted"] if name not in self.gates.states]
             if not others or not await self.gates.make(others):
@@ -362,15 +361,18 @@ class Claiming(Outcomes):
         if any(task.kind in self._held_back for task in chosen):
             self.wake = True  # room downstream: claims that backpressure held back may go on
         rated = sorted({name for task in chosen for name in task.gates if self.rated(name)})
-        leased = await self.send("lease_tasks", ids=ids, rated=rated, worker=worker, until=until)
-        # The flows last: other claims serving the same flow wait for its row from here to the
-        # commit, not while this one leases (on PostgreSQL, a claim of a few hundred tasks held
-        # one flow through its whole lease, and four workers on one flow queued for it). Locked
-        # before the counters, so that turns are numbered in the order flows are served.
+        # The flows are served in the same statement, once the tasks are leased: other claims
+        # serving the same flow wait for its row from there to the commit, not while this one
+        # leases (on PostgreSQL, a claim of a few hundred tasks that locked its flows first held
+        # them through its whole lease, and four workers on one flow queued for it). Its turns
+        # are numbered once its flows are held, so in the order flows are served.
         flows = sorted(self._served_now)
-        await self.run("lock_flows", flows=flows)
-        await self.run(
-            "serve_flows",
+        leased = await self.send(
+            "lease_tasks",
+            ids=ids,
+            rated=rated,
+            worker=worker,
+            until=until,
             count=len(ids),
             virtual_time=self._virtual_time or 0.0,
             # turns numbered up to this claim's count (`base`), renumbered once it is counted

@@ -259,10 +259,18 @@ class Steps:
         """The store's time: the server's clock (the answer to `sent`, or asked now) unless a
         clock was given. It never goes back within a transaction."""
         if self._clock is not None:
-            now = self._clock.now()
+            self.clock_read(None)
         else:
             found = await (sent or await self.send("server_now")).fetchone()
-            now = float(found["now"]) if found is not None else -math.inf
+            self.clock_read(None if found is None else found["now"])
+
+    def clock_read(self, server: float | None) -> None:
+        """The store's time, given the server's clock as a statement read it (`server`, None
+        when it did not): the clock given, if any. It never goes back within a transaction."""
+        if self._clock is not None:
+            now = self._clock.now()
+        else:
+            now = -math.inf if server is None else float(server)
         self.now = max(self.now, now)
 
     async def current_time(self) -> float:

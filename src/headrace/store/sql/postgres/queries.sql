@@ -372,7 +372,7 @@ FROM (
 ) AS c;
 
 -- name: claim_batch
--- One claim batch: its range read unlocked, its gates locked in name order (waiting), then as many of its tasks as the claim still needs (`take`) whose gates it holds, locked.
+-- One claim batch: its range read unlocked, its gates locked in name order (waiting), then as many of its tasks as the claim still needs (`take`) whose gates it holds, locked; the clock once its gates are held.
 WITH peek AS MATERIALIZED (  -- the batch's tasks, not locked: only their range and gates
     SELECT t.tier, t.tag, t.id, t.gates FROM tasks AS t
     WHERE t.state = 'ready'
@@ -434,6 +434,11 @@ SELECT e.peeked, e.last_tier, e.last_tag, e.last_id,
        -- the batch's gates on its first row only: decoded once, not once per task
        CASE WHEN row_number() OVER w = 1 THEN e.gate_rows END AS gate_rows,
        CASE WHEN row_number() OVER w = 1 THEN e.wanted END AS wanted,
+       -- the server's clock, read once the batch's gates are held (the claim may have waited
+       -- for them): a claim's time when it holds no gate yet
+       CASE WHEN row_number() OVER w = 1
+           THEN extract(epoch FROM clock_timestamp())::double precision
+       END AS now,
        -- what a claim weighs a task by: its leased row comes back with its lease
        c.id, c.kind, c.tier, c.tag, c.flow, c.lane, c.gates, c.solo, c.memory,
        f.served AS flow_served, coalesce(l.served, f.served) AS lane_served
@@ -444,7 +449,7 @@ WINDOW w AS (ORDER BY c.tier, c.tag, c.id)
 ORDER BY c.tier, c.tag, c.id;
 
 -- name: lease_tasks
--- Lease ready tasks (locked by the claim's batches) under new fencing tokens, with attempts and tickets.
+-- Lease ready tasks (locked by the claim's batches) under new fencing tokens, with attempts and tickets; then serve their flows: locked in name order once the tasks are leased, `count` dispatch numbers drawn from the sequence once they are locked (no row locked for it), each flow's turn numbered up to `base` taking its own, its last tag moved.
 WITH leased AS (
     UPDATE tasks
     SET state = 'running', attempt = attempt + 1, worker = %(worker)s::text,
@@ -457,26 +462,31 @@ WITH leased AS (
 ), granted AS (  -- a ticket on a rated gate reserves a start, stamped later
     INSERT INTO tickets (task_id, gate, started)
     SELECT id, gate, gate <> ALL(%(rated)s::text[]) FROM leased, unnest(gates) AS g (gate)
-)
-SELECT * FROM leased;
-
--- name: serve_flows
--- A claim's turns, its flows locked (`lock_flows`): `count` dispatch numbers drawn from the sequence (no row locked), each flow's turn numbered up to `base` taking its own, its last tag moved.
-WITH numbered AS (
+), locked AS MATERIALIZED (
+    -- after the lease (its rows all read first): other claims serving the same flows wait
+    -- for them from here to the commit, not while this one leases
+    SELECT flow FROM flows
+    WHERE flow = ANY(%(flows)s::text[]) AND (SELECT count(*) FROM leased) >= 0
+    ORDER BY flow COLLATE "C"
+    FOR UPDATE
+), numbered AS (  -- drawn once the flows are held: turns are numbered in the order served
     SELECT n, row_number() OVER (ORDER BY n) AS i
     FROM (
         SELECT nextval('dispatches') AS n FROM generate_series(1, %(count)s::integer)
+        WHERE (SELECT count(*) FROM locked) >= 0
     ) AS drawn
+), served AS (  -- a flow's new turn is worked out (all of them locked) before it is updated
+    UPDATE flows
+    SET served = (
+            SELECT n FROM numbered WHERE i = f.served - %(base)s::bigint + %(count)s::integer
+        ),
+        last_tag = greatest(flows.last_tag, f.tag)
+    FROM unnest(
+        %(flows)s::text[], %(served)s::bigint[], %(tags)s::double precision[]
+    ) AS f (flow, served, tag)
+    WHERE flows.flow = f.flow
 )
-UPDATE flows
-SET served = (
-        SELECT n FROM numbered WHERE i = f.served - %(base)s::bigint + %(count)s::integer
-    ),
-    last_tag = greatest(flows.last_tag, f.tag)
-FROM unnest(
-    %(flows)s::text[], %(served)s::bigint[], %(tags)s::double precision[]
-) AS f (flow, served, tag)
-WHERE flows.flow = f.flow;
+SELECT * FROM leased;
 
 -- name: end_attempt
 -- Close the open attempt of a task (running, or waiting on its remote job) with its outcome.

@@ -523,7 +523,7 @@ SELECT :clock AS now,
        NULL AS sweep_due;
 
 -- name: claim_batch
--- One claim batch: due ready tasks after a (tier, tag, id) key with their flows' and lanes' turns, the batch's size and end, and its gates' states; the first `take` of them.
+-- One claim batch: due ready tasks after a (tier, tag, id) key with their flows' and lanes' turns, the batch's size and end, and its gates' states (and `now`, as PostgreSQL's batch reads its clock); the first `take` of them.
 WITH peek AS MATERIALIZED (
     SELECT id, kind, tier, tag, flow, coalesce(lane, flow) AS lane, gates, solo, memory
     FROM tasks
@@ -560,6 +560,7 @@ SELECT (SELECT count(*) FROM peek) AS peeked,
        CASE WHEN row_number() OVER w = 1 THEN (
            SELECT json_group_array(name) FROM wanted
        ) END AS "wanted [headrace_json]",
+       NULL AS now,  -- the store's clock is the host's: given, not read here
        -- what a claim weighs a task by: its leased row comes back with its lease
        p.id, p.kind, p.tier, p.tag, p.flow, p.lane, p.gates, p.solo, p.memory,
        f.served AS flow_served, coalesce(l.served, f.served) AS lane_served
@@ -572,23 +573,8 @@ ORDER BY p.tier, p.tag, p.id
 LIMIT :take;  -- what the claim still needs, as the PostgreSQL batch locks no more
 
 -- name: lease_tasks
--- Lease ready tasks under new fencing tokens, with attempts and tickets.
+-- Lease ready tasks under new fencing tokens, with attempts and tickets, and serve their flows: `count` dispatches counted, each flow's turn numbered up to `base` taking its own.
 -- The tasks are updated last, their rows returned by the update: not looked up again.
-INSERT INTO attempts (task_id, number, worker, started_at, outcome)
-SELECT id, attempt + 1, :worker, :now, 'running' FROM tasks
-WHERE id IN (SELECT value FROM json_each(:ids));
-INSERT INTO tickets (task_id, gate, started)
-SELECT t.id, g.value, g.value NOT IN (SELECT value FROM json_each(:rated))
-FROM tasks AS t, json_each(t.gates) AS g
-WHERE t.id IN (SELECT value FROM json_each(:ids));
-UPDATE tasks
-SET state = 'running', attempt = attempt + 1, worker = :worker, lease_until = :until,
-    lease_token = lease_token + 1
-WHERE id IN (SELECT value FROM json_each(:ids))
-RETURNING *;
-
--- name: serve_flows
--- A claim's turns: `count` dispatches counted, each flow's turn numbered up to `base` taking its own.
 UPDATE meta
 SET value = CASE name
     WHEN 'dispatches' THEN value + :count
@@ -602,6 +588,18 @@ FROM (
     FROM json_each(:flows) AS n
 ) AS f
 WHERE flows.flow = f.flow;
+INSERT INTO attempts (task_id, number, worker, started_at, outcome)
+SELECT id, attempt + 1, :worker, :now, 'running' FROM tasks
+WHERE id IN (SELECT value FROM json_each(:ids));
+INSERT INTO tickets (task_id, gate, started)
+SELECT t.id, g.value, g.value NOT IN (SELECT value FROM json_each(:rated))
+FROM tasks AS t, json_each(t.gates) AS g
+WHERE t.id IN (SELECT value FROM json_each(:ids));
+UPDATE tasks
+SET state = 'running', attempt = attempt + 1, worker = :worker, lease_until = :until,
+    lease_token = lease_token + 1
+WHERE id IN (SELECT value FROM json_each(:ids))
+RETURNING *;
 
 -- name: lease_polls
 -- Hand waiting tasks to a poller, each under a new fencing token.
