@@ -15,6 +15,7 @@ from psycopg import errors as pgerrors
 from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import ConnStatus
+from psycopg.pq.abc import PGresult
 from psycopg.rows import DictRow, TupleRow, tuple_row
 from psycopg.types.json import Jsonb
 
@@ -94,28 +95,47 @@ class Synced:
         cursor = cast("psycopg.AsyncCursor[TupleRow]", self._cursor)
         cursor.row_factory = tuple_row
         rows = await cursor.fetchall()
-        return [column.name for column in cursor.description or ()], rows
+        return _names(cursor.pgresult), rows
 
     async def _arrived(self) -> None:
         if self._cursor.pgresult is None:
             await self._pipeline.sync()
 
 
+def _names(result: PGresult | None) -> list[str]:
+    """A result's column names, read from it as they are: `cursor.description` would make a
+    `Column` of each, to be read once (a claim's batch has 18)."""
+    if result is None:
+        return []
+    names = (result.fname(n) for n in range(result.nfields))
+    return [name.decode() for name in names if name is not None]
+
+
 def adapted(params: Mapping[str, object]) -> Mapping[str, object]:
-    """Parameters as the driver sends them: a `Json` value as jsonb, a list of integers as an
-    array literal (`{1,2,3}`), which the statement casts (every parameter of the store's
-    statements is cast, as in `%(ids)s::bigint[]`). psycopg dumps a list element by element,
-    each through a regular expression that decides its quoting: 5.7 us a task of an in-process
-    drain, for the ids, attempt numbers and tokens of its lease and outcome."""
+    """Parameters as the driver sends them: a `Json` value as jsonb, a list of integers or of
+    strings as an array literal (`{1,2,3}`, `{"a","b"}`), which the statement casts (every
+    parameter of the store's statements is cast, as in `%(ids)s::bigint[]`). psycopg dumps a
+    list element by element, each through a regular expression that decides its quoting, and
+    looks up the list's dumper anew for each statement: 5.7 us a task of an in-process drain,
+    for the ids, attempt numbers and tokens of its lease and outcome; a claim's gate and flow
+    names each time."""
     return {name: _adapted(value) for name, value in params.items()}
 
 
 def _adapted(value: object) -> object:
     if isinstance(value, Json):
         return Jsonb(value.value)
-    if type(value) is list and value and all(type(item) is int for item in value):
-        return "{" + ",".join(map(str, value)) + "}"
+    if type(value) is list:
+        if all(type(item) is int for item in value):  # an empty list too
+            return "{" + ",".join(map(str, value)) + "}"
+        if all(type(item) is str for item in value):
+            return "{" + ",".join(map(_quoted, value)) + "}"
     return value
+
+
+def _quoted(item: str) -> str:
+    """An element of an array literal, quoted: read back as it is, whatever it holds."""
+    return '"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 class Again(Exception):

@@ -35,7 +35,8 @@ class Listener:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(self._woken), name="headrace-listen")
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._woken.wait(), timeout)
+            async with asyncio.timeout(timeout):  # no task of its own, as wait_for makes
+                await self._woken.wait()
         self._woken.clear()
 
     async def close(self) -> None:
