@@ -34,9 +34,12 @@ class Listener:
             self._woken = asyncio.Event()
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(self._woken), name="headrace-listen")
+        # wait_for, whose cancellation takes the worker's loop one turn more than
+        # asyncio.timeout's: in that turn a draining worker's short tasks end and their outcomes
+        # ride its next claim (with asyncio.timeout, a 10,000-task drain wrote 209 outcome
+        # batches of their own instead of 95, and its server spent 30% more CPU a task)
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):  # no task of its own, as wait_for makes
-                await self._woken.wait()
+            await asyncio.wait_for(self._woken.wait(), timeout)
         self._woken.clear()
 
     async def close(self) -> None:
