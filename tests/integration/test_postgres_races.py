@@ -259,9 +259,11 @@ async def test_an_idle_claim_is_five_statements_in_two_round_trips(
     syncs: list[int] = []
     execute, sync = psycopg.AsyncConnection.execute, psycopg.AsyncPipeline.sync
 
-    async def counted_execute(conn: psycopg.AsyncConnection[Any], query: Any, *a: Any) -> Any:
+    async def counted_execute(
+        conn: psycopg.AsyncConnection[Any], query: Any, *a: Any, **kw: Any
+    ) -> Any:
         sent.append(str(query).split()[0])
-        return await execute(conn, query, *a)
+        return await execute(conn, query, *a, **kw)
 
     async def counted_sync(pipeline: psycopg.AsyncPipeline) -> None:
         syncs.append(len(sent))

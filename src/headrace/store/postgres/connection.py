@@ -61,11 +61,15 @@ class PipelineDriver:
         self._pipeline = pipeline
 
     async def send(self, query: str, params: Mapping[str, object]) -> Synced:
-        cursor = await self._conn.execute(self._queries[query].text, adapted(params))
+        # Rows come in binary: numbers, arrays and jsonb are read without parsing their text
+        # (a claim and the outcomes of 128 tasks, in-process: about a tenth less of the
+        # client's CPU a task)
+        text = self._queries[query].text
+        cursor = await self._conn.execute(text, adapted(params), binary=True)
         return Synced(cursor, self._pipeline)
 
     async def run_many(self, query: str, params: Sequence[Mapping[str, object]]) -> None:
-        async with self._conn.cursor() as cursor:
+        async with self._conn.cursor(binary=True) as cursor:
             await cursor.executemany(self._queries[query].text, [adapted(p) for p in params])
 
     def savepoint(self) -> contextlib.AbstractAsyncContextManager[object]:
