@@ -373,7 +373,6 @@ class Claiming(Outcomes):
             rated=rated,
             worker=worker,
             until=until,
-            count=len(ids),
             virtual_time=self._virtual_time or 0.0,
             # turns numbered up to this claim's count (`base`), renumbered once it is counted
             base=self._dispatches or 0,

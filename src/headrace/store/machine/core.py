@@ -258,11 +258,10 @@ class Steps:
     async def read_clock(self, sent: Pending | None = None) -> None:
         """The store's time: the server's clock (the answer to `sent`, or asked now) unless a
         clock was given. It never goes back within a transaction."""
-        if self._clock is not None:
-            self.clock_read(None)
-        else:
+        found = None
+        if self._clock is None:
             found = await (sent or await self.send("server_now")).fetchone()
-            self.clock_read(None if found is None else found["now"])
+        self.clock_read(None if found is None else found["now"])
 
     def clock_read(self, server: float | None) -> None:
         """The store's time, given the server's clock as a statement read it (`server`, None

@@ -69,7 +69,7 @@ class PipelineDriver:
         return Synced(cursor, self._pipeline)
 
     async def run_many(self, query: str, params: Sequence[Mapping[str, object]]) -> None:
-        async with self._conn.cursor(binary=True) as cursor:
+        async with self._conn.cursor() as cursor:
             await cursor.executemany(self._queries[query].text, [adapted(p) for p in params])
 
     def savepoint(self) -> contextlib.AbstractAsyncContextManager[object]:

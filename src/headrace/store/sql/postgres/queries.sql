@@ -449,7 +449,7 @@ WINDOW w AS (ORDER BY c.tier, c.tag, c.id)
 ORDER BY c.tier, c.tag, c.id;
 
 -- name: lease_tasks
--- Lease ready tasks (locked by the claim's batches) under new fencing tokens, with attempts and tickets; then serve their flows: locked in name order once the tasks are leased, `count` dispatch numbers drawn from the sequence once they are locked (no row locked for it), each flow's turn numbered up to `base` taking its own, its last tag moved.
+-- Lease ready tasks (locked by the claim's batches) under new fencing tokens, with attempts and tickets; then serve their flows: locked in name order once the tasks are leased, a dispatch number for each task drawn from the sequence once they are locked (no row locked for it), each flow's turn numbered up to `base` taking its own, its last tag moved.
 WITH leased AS (
     UPDATE tasks
     SET state = 'running', attempt = attempt + 1, worker = %(worker)s::text,
@@ -472,13 +472,14 @@ WITH leased AS (
 ), numbered AS (  -- drawn once the flows are held: turns are numbered in the order served
     SELECT n, row_number() OVER (ORDER BY n) AS i
     FROM (
-        SELECT nextval('dispatches') AS n FROM generate_series(1, %(count)s::integer)
+        SELECT nextval('dispatches') AS n FROM leased
         WHERE (SELECT count(*) FROM locked) >= 0
     ) AS drawn
 ), served AS (  -- a flow's new turn is worked out (all of them locked) before it is updated
     UPDATE flows
     SET served = (
-            SELECT n FROM numbered WHERE i = f.served - %(base)s::bigint + %(count)s::integer
+            SELECT n FROM numbered
+            WHERE i = f.served - %(base)s::bigint + cardinality(%(ids)s::bigint[])
         ),
         last_tag = greatest(flows.last_tag, f.tag)
     FROM unnest(

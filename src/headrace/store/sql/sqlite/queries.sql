@@ -573,11 +573,11 @@ ORDER BY p.tier, p.tag, p.id
 LIMIT :take;  -- what the claim still needs, as the PostgreSQL batch locks no more
 
 -- name: lease_tasks
--- Lease ready tasks under new fencing tokens, with attempts and tickets, and serve their flows: `count` dispatches counted, each flow's turn numbered up to `base` taking its own.
+-- Lease ready tasks under new fencing tokens, with attempts and tickets, and serve their flows: a dispatch counted for each task, each flow's turn numbered up to `base` taking its own.
 -- The tasks are updated last, their rows returned by the update: not looked up again.
 UPDATE meta
 SET value = CASE name
-    WHEN 'dispatches' THEN value + :count
+    WHEN 'dispatches' THEN value + json_array_length(:ids)
     ELSE max(value, :virtual_time)
 END
 WHERE name IN ('dispatches', 'virtual_time');
