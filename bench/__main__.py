@@ -34,7 +34,13 @@ if TYPE_CHECKING:
 DEFAULT_OUT = Path(__file__).parent / "results" / "latest.json"
 DEFAULT_CHART = Path(__file__).parents[1] / "docs" / "img" / "peers.png"
 SECTIONS = ("studio", "throughput", "claims", "quota", "contention", "latency", "scrape", "peers")
-POSTGRES_SYSTEMS = ("headrace-postgres", "procrastinate", "pgqueuer")
+POSTGRES_SYSTEMS = (
+    "headrace-postgres",
+    "procrastinate",
+    "pgqueuer",
+    "bare-postgres",
+    "bare-postgres-2rt",
+)
 
 
 def studio_table(figures: list[StudioFigure]) -> Table:

@@ -15,6 +15,8 @@ SYSTEMS = {
     "taskiq": "bench.peers.taskiq:PEER",
     "saq": "bench.peers.saq:PEER",
     "celery": "bench.peers.celery:PEER",
+    "bare-postgres": "bench.peers.bare:ONE_TRIP",
+    "bare-postgres-2rt": "bench.peers.bare:TWO_TRIPS",
 }
 
 
