@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -83,7 +83,7 @@ async def take_two_trips(conn: psycopg.AsyncConnection[Any]) -> list[Row]:
     return rows
 
 
-async def work(take: Callable[[psycopg.AsyncConnection[Any]], Any]) -> None:
+async def work(take: Callable[[psycopg.AsyncConnection[Any]], Awaitable[list[Row]]]) -> None:
     """Take and run jobs until stopped; with none to take, wait for a NOTIFY (or `IDLE_WAIT`)."""
     site = Site.from_env()
     listener = await psycopg.AsyncConnection.connect(site.postgres_in_schema, autocommit=True)
