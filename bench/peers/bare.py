@@ -67,7 +67,7 @@ def run(kind: str, ref: str) -> None:
 
 async def take_one_trip(conn: psycopg.AsyncConnection[Any]) -> list[Row]:
     cursor = await conn.execute(TAKE_ONE_TRIP, {"n": TAKE}, binary=True)
-    return sorted(await cursor.fetchall())
+    return sorted(await cursor.fetchall())  # oldest first: RETURNING keeps no order
 
 
 async def take_two_trips(conn: psycopg.AsyncConnection[Any]) -> list[Row]:

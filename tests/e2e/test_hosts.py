@@ -67,6 +67,10 @@ class Burst:
     mended_at: float | None = None
     killed_at: float | None = None
 
+    def lost_at(self, worker: str) -> float | None:
+        """When `worker`'s host was lost: w1's link cut, w2 killed."""
+        return self.cut_at if worker == "w1" else self.killed_at
+
 
 def skip_without_namespaces() -> None:
     reason = hosts.available()
@@ -369,9 +373,9 @@ def report(
     manifests, made = derivative_sets(keys)
     extra = sum(len(prefixes) - 1 for prefixes in made.values() if len(prefixes) > 1)
     delays = [
-        after.started_at - (burst.cut_at if gone.worker == "w1" else burst.killed_at)
+        after.started_at - lost_at
         for gone, after in lost_leases(attempts)
-        if after is not None and burst.cut_at is not None and burst.killed_at is not None
+        if after is not None and (lost_at := burst.lost_at(gone.worker)) is not None
     ]
     print(
         f"cut {burst.cut_at}, mended {burst.mended_at}, killed {burst.killed_at}; "
@@ -383,7 +387,7 @@ def report(
     )
     print("lost tasks run again (task, host that lost it, started and ended s after the loss):")
     for gone, after in sorted(lost_leases(attempts), key=lambda pair: _start_of(pair[1])):
-        lost_at = burst.cut_at if gone.worker == "w1" else burst.killed_at
+        lost_at = burst.lost_at(gone.worker)
         if after is None or lost_at is None:
             print(f"  {gone.task_id} {gone.worker}: not run again")
             continue
@@ -398,23 +402,22 @@ def _start_of(attempt: Attempt | None) -> float:
     return attempt.started_at if attempt is not None else float("inf")
 
 
-def _rerun(pair: tuple[Attempt, Attempt]) -> float:
-    return pair[1].started_at
-
-
 def check_claimed_again_in_time(
     burst: Burst, reclaimed: list[tuple[Attempt, Attempt | None]]
 ) -> None:
     """Each lost task runs again within the sweep's slack of the later of its lease's end and
     the end of the lost task that ran before it on the same worker: tasks lost beside others run
     alone (`solo`), one after another, so the last of ten lost together waits for nine."""
-    assert burst.cut_at is not None and burst.killed_at is not None
-    assert all(after is not None for _, after in reclaimed), reclaimed
-    runs = sorted(((gone, after) for gone, after in reclaimed if after is not None), key=_rerun)
+    runs: list[tuple[Attempt, Attempt]] = []
+    for gone, after in reclaimed:
+        assert after is not None, gone  # every lost task ran again
+        runs.append((gone, after))
+    runs.sort(key=lambda pair: pair[1].started_at)
     for n, (gone, after) in enumerate(runs):
         assert gone.worker in ("w1", "w2"), gone  # only the cut and the killed host lose leases
         assert after.worker != gone.worker
-        lost_at = burst.cut_at if gone.worker == "w1" else burst.killed_at
+        lost_at = burst.lost_at(gone.worker)
+        assert lost_at is not None
         before = [
             a.ended_at for _, a in runs[:n] if a.worker == after.worker and a.ended_at is not None
         ]
