@@ -163,5 +163,9 @@ TWO_TRIPS = Peer(
 )
 
 
+TAKES = {"one": take_one_trip, "two": take_two_trips}
+
 if __name__ == "__main__":
-    asyncio.run(work(take_one_trip if sys.argv[1] == "one" else take_two_trips))
+    if len(sys.argv) != 2 or sys.argv[1] not in TAKES:
+        sys.exit("usage: python -m bench.peers.bare one|two (started by the peer benchmark)")
+    asyncio.run(work(TAKES[sys.argv[1]]))
