@@ -156,3 +156,10 @@ def form_token_of(page: httpx.Response) -> str:
     found = re.search(r'name="form_token" value="([0-9a-f]+)"', page.text)
     assert found is not None, page.text
     return found[1]
+
+
+def error_code(answer: httpx.Response) -> str:
+    """The error code of an error answer (one place that knows the error body's shape)."""
+    body = answer.json()
+    assert isinstance(body, dict), body
+    return str(body["error"]["code"])
