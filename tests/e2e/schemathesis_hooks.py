@@ -79,3 +79,24 @@ def map_path_parameters(ctx: HookContext, path_parameters: dict[str, Any] | None
     if operation is not None and operation.path == WEBHOOKS and path_parameters is not None:
         return {**path_parameters, "provider": PROVIDER}
     return path_parameters
+
+
+PROBLEM_MEMBERS = {"type": str, "title": str, "status": int, "detail": str, "code": str}
+
+
+@schemathesis.check
+def problem_details(ctx: Any, response: Any, case: Case[Any]) -> bool | None:
+    """Every error answer is an RFC 9457 problem: its type, its members, its status."""
+    if response.status_code < 400:
+        return None
+    kind = response.headers.get("content-type", [""])
+    kind = kind[0] if isinstance(kind, list) else kind
+    if kind != "application/problem+json":
+        raise AssertionError(f"{response.status_code} answered as {kind!r}, not a problem")
+    body = response.json()
+    for name, member in PROBLEM_MEMBERS.items():
+        if not isinstance(body.get(name), member):
+            raise AssertionError(f"{response.status_code}: the problem's {name!r} is {body!r}")
+    if body["status"] != response.status_code:
+        raise AssertionError(f"{response.status_code}: the problem says {body['status']}")
+    return True

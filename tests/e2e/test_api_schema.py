@@ -1,4 +1,6 @@
-"""Schemathesis against the served OpenAPI document: whatever it sends, no answer is a 5xx.
+"""Schemathesis against the served OpenAPI document: whatever it sends, no answer is a 5xx,
+every error is an RFC 9457 problem (`problem_details`, schemathesis_hooks.py), and every status
+and content type is one the document declares.
 
 The `schemathesis run` command generates requests for every operation from the document
 (valid ones and not, coverage, fuzzing and stateful phases) and sends them to a real
@@ -54,7 +56,7 @@ def test_no_request_gets_a_server_error(server: Server, who: str, tmp_path: Path
             "run",
             f"{server.url}/openapi.json",
             "--checks",
-            "not_a_server_error",
+            "not_a_server_error,problem_details,status_code_conformance,content_type_conformance",
             "--header",
             f"Authorization: Bearer {server.tokens[who]}",
             "--max-examples",

@@ -15,10 +15,11 @@ import pytest
 
 from headrace.pipelines.moderation import samples
 from headrace.store.sqlite.wake import DIRECTORY_SUFFIX
+from tests.integration.api import error_code
 from tests.objectstore import CREDENTIALS, ENDPOINT, fresh_bucket, keys_in, media_url, reachable
 
 from .commands import ROOT, environment, failure_line, headrace
-from .server import serving, start, stop
+from .server import Server, serving, start, stop
 
 pytestmark = pytest.mark.realtime
 
@@ -80,7 +81,7 @@ def test_allowed_hosts_are_the_only_names_answered(tmp_path: Path) -> None:
         port = urlsplit(server.url).port
         refused = client.get("/healthz")  # Host: 127.0.0.1, not named
         assert refused.status_code == 400
-        assert refused.json()["error"]["code"] == "bad_host"
+        assert error_code(refused) == "bad_host"
         for host in ("media.example", f"localhost:{port}"):
             assert client.get("/healthz", headers={"Host": host}).json() == {"status": "ok"}
 
@@ -115,6 +116,65 @@ def test_sigterm_stops_the_server_and_its_workers_cleanly(tmp_path: Path) -> Non
     assert httpx.get(f"{server.url}/healthz", timeout=30).status_code == 200
     assert stop(server, signal.SIGTERM) == 0
     assert not any("Traceback" in line for line in server.log)
+    said = "".join(server.log)
+    assert "SIGTERM: draining: no new connections" in said
+    assert "stopped after" in said and "waited for 0 requests in flight, 1 worker" in said
+
+
+def test_sigterm_lets_a_request_in_flight_finish_and_says_so(tmp_path: Path) -> None:
+    """An upload half sent when SIGTERM comes: the server says it drains, waiting for it; the
+    upload's rest arrives, it is answered 202, and the server says it stopped, and exits 0."""
+    server = start(tmp_path)
+    address = urlsplit(server.url)
+    assert address.hostname is not None and address.port is not None
+    body, boundary = upload_body(samples.jpeg(320, 240))
+    head = (
+        "POST /v1/events/gala/uploads HTTP/1.1\r\n"
+        f"Host: {address.netloc}\r\n"
+        f"Authorization: Bearer {server.tokens['uploader']}\r\n"
+        f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    try:
+        with socket.create_connection((address.hostname, address.port), timeout=30) as conn:
+            conn.sendall(head.encode() + body[: len(body) // 2])
+            # Answered after the upload's first half arrived: the server has its request.
+            assert httpx.get(f"{server.url}/livez", timeout=30).status_code == 200
+            server.process.send_signal(signal.SIGTERM)
+            draining = wait_for_line(server, "SIGTERM: draining")
+            assert "waiting for 1 request in flight, 1 worker (up to 30s)" in draining
+            conn.sendall(body[len(body) // 2 :])
+            answer = b""
+            while chunk := conn.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 202"), answer[:200]
+        assert server.process.wait(timeout=30) == 0
+    finally:
+        stop(server)
+    stopped = wait_for_line(server, "stopped after")
+    assert "waited for 1 request in flight, 1 worker" in stopped
+    assert "".join(server.log).index("SIGTERM: draining") < "".join(server.log).index(stopped)
+
+
+def upload_body(data: bytes) -> tuple[bytes, str]:
+    """A multipart form with `data` as its file, and its boundary."""
+    boundary = "headrace-test-boundary"
+    part = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="p.jpg"\r\n'
+        "Content-Type: image/jpeg\r\n\r\n"
+    )
+    return part.encode() + data + f"\r\n--{boundary}--\r\n".encode(), boundary
+
+
+def wait_for_line(server: Server, text: str) -> str:
+    """The first line of the server's log holding `text`, once it is written (30 s at most)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for line in list(server.log):
+            if text in line:
+                return line
+        time.sleep(0.05)
+    raise AssertionError(f"no line with {text!r} in: {''.join(server.log)}")
 
 
 def test_a_port_in_use_is_one_line_naming_it(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 from fastapi import FastAPI
@@ -158,8 +159,22 @@ def form_token_of(page: httpx.Response) -> str:
     return found[1]
 
 
-def error_code(answer: httpx.Response) -> str:
-    """The error code of an error answer (one place that knows the error body's shape)."""
+def problem(answer: httpx.Response) -> dict[str, Any]:
+    """An error answer's RFC 9457 problem (one place that knows the error body's shape): its
+    type, its status matching the answer's, its code and detail."""
+    assert answer.headers["content-type"] == "application/problem+json", answer.headers
     body = answer.json()
     assert isinstance(body, dict), body
-    return str(body["error"]["code"])
+    assert body["status"] == answer.status_code and body["type"] == "about:blank", body
+    assert isinstance(body["code"], str) and isinstance(body["detail"], str), body
+    return body
+
+
+def error_code(answer: httpx.Response) -> str:
+    """The error code of an error answer."""
+    return str(problem(answer)["code"])
+
+
+def error_message(answer: httpx.Response) -> str:
+    """What an error answer says to do."""
+    return str(problem(answer)["detail"])

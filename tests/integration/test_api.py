@@ -20,6 +20,8 @@ from headrace.store.types import TaskState
 from .api import (
     WEBHOOK_SECRET,
     Harness,
+    error_code,
+    error_message,
     form_token_of,
     harness,
     reviewable,
@@ -33,11 +35,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> tuple[str, dict[str, Any]]:
     return ("asyncio", {"debug": True})  # real time: the SQLite store's thread, real sockets
-
-
-def error_code(answer: Any) -> str:
-    code: str = answer.json()["error"]["code"]
-    return code
 
 
 # -- uploads
@@ -85,7 +82,7 @@ async def test_an_upload_past_the_largest_class_is_413_and_nothing_is_kept(
         limit = h.moderation.max_bytes
         answer = await h.upload(data=b"\xff\xd8\xff" + bytes(limit))
         assert answer.status_code == 413 and error_code(answer) == "too_large"
-        assert str(limit) in answer.json()["error"]["message"]
+        assert str(limit) in error_message(answer)
         assert await h.moderation.app.store.tasks() == []
         assert await h.moderation.media.backend.keys("blobs") == []
         assert list((tmp_path / "media" / "tmp").iterdir()) == []
@@ -101,7 +98,7 @@ async def test_a_full_session_or_event_is_429_with_retry_after_and_the_item_decl
         full = await h.upload(key="c", cookies=session)
         assert full.status_code == 429 and error_code(full) == "queue_full"
         assert full.headers["retry-after"] == "2"
-        assert "your session" in full.json()["error"]["message"]
+        assert "your session" in error_message(full)
         declined = await h.moderation.records.get(await uploader_media_id(h, "c"))
         assert declined.state.value == "declined"
         assert (await h.upload(key="d")).status_code == 202  # another session gets in
@@ -245,7 +242,7 @@ async def test_items_come_in_a_stable_order_with_a_count_of_newer_ones(tmp_path:
         bad = await h.client.get(
             "/v1/events/gala/items", params={"limit": 0}, headers=h.auth("moderator")
         )
-        assert bad.status_code == 422 and "limit" in bad.json()["error"]["message"]
+        assert bad.status_code == 422 and "limit" in error_message(bad)
 
 
 async def test_an_item_shows_its_preview_type_state_and_caption(tmp_path: Path) -> None:
@@ -291,7 +288,7 @@ async def test_two_moderators_approving_at_once_converge_with_one_notice(
         # the second sees the first's claim (409 `claimed`), or its decision made (200, not
         # applied), depending on when it arrives
         done = [a.json() for a in answers if a.status_code == 200]
-        refused = [a.json()["error"]["code"] for a in answers if a.status_code != 200]
+        refused = [error_code(a) for a in answers if a.status_code != 200]
         assert [d["applied"] for d in done if d["applied"]] == [True]
         assert refused in ([], ["claimed"])
         assert {d["item"]["state"] for d in done} == {"approved"}
@@ -547,7 +544,7 @@ async def test_a_claim_keeps_another_moderator_off_until_an_admin_releases_it(
         assert mine.json()["until"] - mine.json()["since"] == 300
         theirs = await h.client.post(f"/v1/items/{media_id}/approve", headers=h.auth("admin"))
         assert theirs.status_code == 409 and error_code(theirs) == "claimed"
-        assert "moderator is reviewing this item" in theirs.json()["error"]["message"]
+        assert "moderator is reviewing this item" in error_message(theirs)
         plain = await h.client.post(f"/v1/items/{media_id}/claim/release", headers=h.auth("admin"))
         assert plain.json() == {"released": False}  # not the admin's own claim, and no reason
         released = await h.client.post(

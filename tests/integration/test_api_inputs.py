@@ -13,7 +13,7 @@ import pytest
 from headrace.pipelines.moderation.pipeline import ITEM
 from headrace.runtime import remote
 
-from .api import harness
+from .api import error_code, error_message, harness
 
 pytestmark = pytest.mark.anyio
 
@@ -24,8 +24,7 @@ def anyio_backend() -> tuple[str, dict[str, Any]]:
 
 
 def refusal(answer: Any) -> tuple[int, str, str]:
-    error = answer.json()["error"]
-    return answer.status_code, error["code"], error["message"]
+    return answer.status_code, error_code(answer), error_message(answer)
 
 
 DEEP = b"[" * 100_000 + b"]" * 100_000

@@ -79,10 +79,25 @@ async def test_a_preview_streams_through_the_service_when_told_to(
             f"/v1/items/{media_id}/preview?size=small", headers=h.auth("moderator")
         )
         assert small.status_code == 200 and is_webp(small.content)
-        assert small.headers["cache-control"] == "private"
+        assert small.headers["cache-control"] == "private, max-age=300"
         assert small.headers["content-length"] == str(len(small.content))
         await sign_in(h, "moderator")
         page = await h.client.get("/moderate/gala")
         assert "img-src 'self';" in page.headers["content-security-policy"]
     kept = keys_in(bucket)
     assert bool(kept) is (where is not None)
+
+
+async def test_a_streamed_preview_answers_conditional_requests(tmp_path: Path, bucket: str) -> None:
+    async with harness(tmp_path, media=media_url(bucket), delivery="stream") as h:
+        media_id = await reviewable(h, data=samples.jpeg(640, 480))
+        path, auth = f"/v1/items/{media_id}/preview", h.auth("moderator")
+        first = await h.client.get(path, headers=auth)
+        assert first.status_code == 200 and is_webp(first.content)
+        etag, modified = first.headers["etag"], first.headers["last-modified"]
+        for asked in ({"If-None-Match": etag}, {"If-Modified-Since": modified}):
+            again = await h.client.get(path, headers={**auth, **asked})
+            assert again.status_code == 304 and again.content == b"", asked
+            assert again.headers["etag"] == etag
+        changed = await h.client.get(path, headers={**auth, "If-None-Match": '"other"'})
+        assert changed.status_code == 200 and changed.content == first.content

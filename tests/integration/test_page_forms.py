@@ -17,7 +17,7 @@ from headrace.service.api.auth import LOGIN, digest, form_token
 from headrace.service.api.deps import LOGIN_COOKIE
 from headrace.service.api.page import SIGN_IN_FORM_COOKIE
 
-from .api import Harness, form_token_of, harness, reviewable, sign_in, sign_in_form
+from .api import Harness, error_code, form_token_of, harness, reviewable, sign_in, sign_in_form
 
 pytestmark = pytest.mark.anyio
 
@@ -34,7 +34,7 @@ def refused(answer: httpx.Response) -> bool:
     """A 403 in the API's error shape that sets no cookie."""
     return (
         answer.status_code == 403
-        and answer.json()["error"]["code"] == "forbidden"
+        and error_code(answer) == "forbidden"
         and "set-cookie" not in answer.headers
     )
 
@@ -80,7 +80,7 @@ async def test_a_decision_without_its_form_token_changes_nothing(
         answer = await h.client.post(
             f"/moderate/gala/items/{media_id}", data={"decision": "approve", **wrong}
         )
-        assert answer.status_code == 403 and answer.json()["error"]["code"] == "forbidden"
+        assert answer.status_code == 403 and error_code(answer) == "forbidden"
         assert (await h.moderation.records.get(media_id)).state.value == "reviewable"
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from headrace.service.api.websafety import SECURITY_HEADERS
 
-from .api import form_token_of, harness, reviewable, sign_in, sign_in_form
+from .api import error_code, form_token_of, harness, reviewable, sign_in, sign_in_form
 
 pytestmark = pytest.mark.anyio
 
@@ -76,7 +76,7 @@ async def test_previews_and_an_unexpected_failure_carry_them_too(tmp_path: Path)
         assert thumbnail.headers["content-type"] == "image/webp"
         h.api.add_api_route("/boom", fail)
         failed = await h.client.get("/boom")
-        assert failed.status_code == 500 and failed.json()["error"]["code"] == "internal"
+        assert failed.status_code == 500 and error_code(failed) == "internal"
         assert all(map(has_security_headers, (preview, thumbnail, failed)))
 
 
@@ -114,7 +114,7 @@ async def test_a_trailing_slash_no_route_would_take_is_not_found(tmp_path: Path,
     async with harness(tmp_path) as h:
         # A whole URL, so that httpx sends `//evil.example/` as a path, not as another host.
         answer = await h.client.get(f"http://test{path}", headers={"Host": "evil.example"})
-        assert answer.status_code == 404 and answer.json()["error"]["code"] == "not_found"
+        assert answer.status_code == 404 and error_code(answer) == "not_found"
 
 
 async def test_every_redirect_of_the_page_names_a_path(tmp_path: Path) -> None:
@@ -155,7 +155,7 @@ async def test_told_its_names_the_service_answers_no_other_host(
             assert has_security_headers(answer)
             if status == 400:
                 assert answer.status_code == 400
-                assert answer.json()["error"]["code"] == "bad_host"
+                assert error_code(answer) == "bad_host"
             else:
                 assert answer.status_code == {"/healthz": 200, "/moderate/": 307}.get(path, 404)
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import socket
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
@@ -98,27 +100,50 @@ def serve(moderation: Moderation, options: ServeOptions) -> None:
     )
     for worker in workers:
         logs.worker_started(worker, "headrace serve")
-    QuietExit(config, api.state.service).run(sockets=[sock])
+    QuietExit(config, api.state.service, workers=len(workers)).run(sockets=[sock])
 
 
 class QuietExit(uvicorn.Server):
     """uvicorn's server, whose graceful stop on SIGINT or SIGTERM ends with status 0, as
     `headrace worker`'s does (uvicorn raises the signal again once it has stopped), and
-    marks the service draining as it begins, so /readyz turns a proxy away at once."""
+    marks the service draining as it begins, so /readyz turns a proxy away at once. It says
+    when it begins to drain, and when it has stopped, with what it waited for."""
 
-    def __init__(self, config: uvicorn.Config, service: Service) -> None:
+    def __init__(self, config: uvicorn.Config, service: Service, *, workers: int = 0) -> None:
         super().__init__(config)
         self.service = service
+        self.workers = workers
+        self.signal: str | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.signal is None:
+            self.signal = signal.Signals(sig).name
         self.service.draining = True
         super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        started = time.monotonic()
+        # Requests being answered now: each runs in a task of the server's until it is done.
+        requests = len(self.server_state.tasks)
+        waits = f"{plural(requests, 'request')} in flight, {plural(self.workers, 'worker')}"
+        log.info(
+            "%s: draining: no new connections, /readyz answers 503; waiting for %s (up to %gs)",
+            self.signal or "told to stop",
+            waits,
+            GRACE,
+        )
+        await super().shutdown(sockets)
+        log.info("stopped after %.1fs: waited for %s", time.monotonic() - started, waits)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         with super().capture_signals():
             yield
             self._captured_signals.clear()
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def describe(secrets: Mapping[str, str]) -> str:

@@ -3,13 +3,18 @@
 Routes: uploads (`uploads.py`), items and decisions (`items.py`), progress and operations
 (`status.py`), webhooks (`webhooks.py`), the moderator page (`page.py`), `/metrics`
 (`metrics.py`, admin) and `/healthz`. The OpenAPI document is at `/openapi.json`, browsable at
-`/docs` (Swagger UI, its files served from here: it needs no network).
+`/docs` (Swagger UI, its files served from here: it needs no network; its "Authorize" takes a
+bearer token, the document's `bearer` security scheme).
 
-Every error is a JSON body `{"error": {"code", "message"}}` whose message says what to do and
-repeats nothing the client sent; a failure nobody expected is a 500 with code `internal`, logged
-by its type only. The access log (`headrace.http`) has the method, the route's template (never
-the raw path or query string: a signed URL's secret stays out), the status and the time taken.
-Every answer carries the headers `websafety.py` names.
+Every route checks its credential and caps its body before reading it (`edge.py`). Every error,
+whatever raised it (a route, validation, the router's 404 and 405, static files, a body too
+large), is an RFC 9457 problem (`deps.ApiError`): `type`, `title`, `status`, `detail` saying what
+to do and repeating nothing the client sent, and `code`; a body that is not JSON is 400
+`bad_request`, a field out of its range 422 `invalid` with `errors` naming each field. A failure
+nobody expected is a 500 with code `internal`, logged by its type only. The access log
+(`headrace.http`) has the method, the route's template (never the raw path or query string: a
+signed URL's secret stays out), the status and the time taken. Every answer carries the headers
+`websafety.py` names, takes HEAD where it takes GET, and is compressed as `delivery.py` says.
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
-from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from swagger_ui_bundle import swagger_ui_path
 
@@ -35,6 +39,7 @@ from headrace.pipelines.moderation.pipeline import Moderation
 from headrace.policy.errors import ConfigError, StoreUnavailable
 from headrace.runtime.worker import Worker
 from headrace.service.api import (
+    delivery,
     events,
     items,
     metrics,
@@ -49,11 +54,14 @@ from headrace.service.api.deps import (
     ApiError,
     ApiSettings,
     Caller,
+    Refused,
     Service,
     TheService,
     error_response,
     require,
 )
+from headrace.service.api.edge import EdgeRoute
+from headrace.service.api.openapi import Api
 from headrace.service.notify import OutboxRelay
 
 log = logging.getLogger("headrace.http")
@@ -91,7 +99,7 @@ def create_api(
                     *running, *([relaying] if relaying else []), return_exceptions=True
                 )
 
-    api = FastAPI(
+    api = Api(
         title="headrace",
         summary="Uploads, moderation, progress and operations of a headrace deployment",
         version="1",
@@ -101,18 +109,23 @@ def create_api(
         redoc_url=None,
     )
     api.state.service = service
+    api.router.route_class = EdgeRoute  # the routes below, as every router's
     routers = (uploads.router, items.router, events.router, status.router, webhooks.router)
-    for router in (*routers, page.router, page.forms):
+    for router in (*routers, page.router, page.sign_in_forms, page.forms):
         api.include_router(router)
-    static = resources.files("headrace.service.api").joinpath("static")
-    api.mount("/static", StaticFiles(directory=str(static)), name="static")
+    static = str(resources.files("headrace.service.api").joinpath("static"))
+    files = delivery.CachedFiles(directory=static, cache_control=delivery.PAGE_FILES)
+    api.mount("/static", files, name="static")
     _add_operations(api)
     _add_docs(api)
     _add_error_handlers(api)
-    # Each added outside the one before: the access log sees a Host refused, and the headers
-    # go on every answer, the access log's 500 too.
+    # Each added outside the one before: a HEAD's GET is compressed as the GET is, the access
+    # log sees a Host refused and a HEAD as a HEAD, and the headers go on every answer, the
+    # access log's 500 too.
+    api.add_middleware(delivery.Compression)
     if service.settings.allowed_hosts:
         api.add_middleware(websafety.AllowedHosts, hosts=service.settings.allowed_hosts)
+    api.add_middleware(delivery.HeadAsGet)
     api.middleware("http")(access_log)
     api.add_middleware(websafety.SecurityHeaders)
     return api
@@ -137,8 +150,16 @@ def _add_operations(api: FastAPI) -> None:
     async def readyz(svc: TheService) -> JSONResponse:
         failing = await unready(svc)
         if failing:
-            body = {"status": "unready", "failing": failing}
-            return JSONResponse(body, status_code=503, headers={"Retry-After": "2"})
+            reasons = ", ".join(failing)
+            return error_response(
+                ApiError(
+                    503,
+                    "unready",
+                    f"send this process no requests for now: {reasons}",
+                    {"Retry-After": "2"},
+                    {"failing": failing},
+                )
+            )
         return JSONResponse({"status": "ok"})
 
     @api.get(
@@ -175,7 +196,8 @@ DOCS_ASSETS = "/docs/assets"
 def _add_docs(api: FastAPI) -> None:
     """/docs: Swagger UI over /openapi.json, its script and style served from the files the
     swagger-ui-bundle-v2 package ships, so it works with no network."""
-    api.mount(DOCS_ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+    assets = delivery.CachedFiles(directory=str(swagger_ui_path), cache_control=delivery.DOCS_FILES)
+    api.mount(DOCS_ASSETS, assets, name="docs-assets")
 
     @api.get("/docs", include_in_schema=False)
     async def docs() -> HTMLResponse:
@@ -198,16 +220,15 @@ def _add_error_handlers(api: FastAPI) -> None:
 
     @api.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, error: RequestValidationError) -> Response:
-        return error_response(ApiError(422, "invalid", describe(error.errors())))
+        return error_response(invalid(error.errors()))
 
     @api.exception_handler(StarletteHTTPException)
     async def on_http(request: Request, error: StarletteHTTPException) -> Response:
+        if isinstance(error, Refused):
+            return error_response(error.error)
         if error.status_code == 404 and (path := websafety.without_slash(request)) is not None:
             return RedirectResponse(path, status_code=307)
-        codes = {404: "not_found", 405: "method_not_allowed"}
-        code = codes.get(error.status_code, "http_error")
-        message = "no such route" if error.status_code == 404 else "not allowed here"
-        return error_response(ApiError(error.status_code, code, message, error.headers))
+        return error_response(http_problem(error))
 
     @api.exception_handler(ConfigError)
     async def on_config(request: Request, error: ConfigError) -> Response:
@@ -227,6 +248,24 @@ def _add_error_handlers(api: FastAPI) -> None:
         return error_response(busy)
 
 
+# What the router, static files and Starlette answer on their own, as problems.
+HTTP_PROBLEMS = {
+    400: ("bad_request", "the request could not be read"),
+    404: ("not_found", "nothing is at this path"),
+    405: ("method_not_allowed", "not allowed here: Allow names the methods that are"),
+    413: ("too_large", "the request's body is too large"),
+}
+
+
+def http_problem(error: StarletteHTTPException) -> ApiError:
+    code, message = HTTP_PROBLEMS.get(error.status_code, ("http_error", "the request failed"))
+    headers = dict(error.headers or {})
+    allowed = [method.strip() for method in headers.get("Allow", "").split(",")]
+    if "GET" in allowed and "HEAD" not in allowed:  # HEAD goes wherever GET does (delivery.py)
+        headers["Allow"] = ", ".join([*allowed, "HEAD"])
+    return ApiError(error.status_code, code, message, headers)
+
+
 def _add_page_error_handlers(api: FastAPI) -> None:
     """A browser's answers: a redirect to sign in, the sign-in form again."""
 
@@ -243,13 +282,19 @@ def _add_page_error_handlers(api: FastAPI) -> None:
         return error_response(refusal)
 
 
-def describe(errors: Any) -> str:
-    """Which fields were wrong and why, without the values given."""
-    parts = []
-    for error in errors:
-        where = ".".join(str(step) for step in error.get("loc", ()))
-        parts.append(f"{where}: {error.get('msg', 'invalid')}")
-    return "; ".join(parts[:10]) or "the request is not valid"
+def invalid(errors: Any) -> ApiError:
+    """400 `bad_request` for a body that is not JSON; else 422 `invalid`, naming each field
+    (`body.decision`, `query.limit`) and what is wrong with it, never the value given."""
+    if any(error.get("type") == "json_invalid" for error in errors):
+        return ApiError(400, "bad_request", "the body is not valid JSON")
+    fields = [
+        {"field": ".".join(str(step) for step in error.get("loc", ())), "detail": error["msg"]}
+        for error in errors[:10]
+    ]
+    detail = "; ".join(f"{found['field']}: {found['detail']}" for found in fields)
+    return ApiError(
+        422, "invalid", detail or "the request is not valid", members={"errors": fields}
+    )
 
 
 def route_of(request: Request) -> str:

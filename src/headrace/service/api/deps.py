@@ -1,7 +1,17 @@
 """What every endpoint stands on: the `Service` (the pipeline, its store, the settings), who is
 asking (`Principal`, from a bearer token or a page sign-in), and the errors an endpoint answers
-with, each a JSON body `{"error": {"code", "message"}}` that says what to do and echoes nothing
-the client sent."""
+with.
+
+Every error is an RFC 9457 problem (`application/problem+json`):
+
+    {"type": "about:blank", "title": "Too Many Requests", "status": 429,
+     "detail": "this event has as many uploads waiting as admitted; send it again later",
+     "code": "queue_full"}
+
+`title` is the status's name; `detail` says what to do and echoes nothing the client sent;
+`code`, an extension member, is the stable name of the problem a client acts on (the `type`
+stays `about:blank`: the code and the status say it all). A few problems carry more members
+(`errors`: the fields a request got wrong; `failing`: what keeps a process unready)."""
 
 from __future__ import annotations
 
@@ -9,11 +19,14 @@ import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Annotated, Any, Literal, get_args
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Security
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import AfterValidator
+from starlette.exceptions import HTTPException
 
 from headrace.pipelines.moderation.pipeline import Moderation
 from headrace.policy.errors import ConfigError
@@ -105,25 +118,54 @@ class Service:
         return self.moderation.app.store
 
 
+PROBLEM = "application/problem+json"
+# RFC 9110's names where Python's are older ones.
+TITLES = {413: "Content Too Large", 416: "Range Not Satisfiable", 422: "Unprocessable Content"}
+
+
 class ApiError(Exception):
     """An answer other than success: `status`, a stable `code` and a message saying what to do
-    (never the client's input, never a secret)."""
+    (never the client's input, never a secret); `members`: more members of its problem body."""
 
     def __init__(
-        self, status: int, code: str, message: str, headers: Mapping[str, str] | None = None
+        self,
+        status: int,
+        code: str,
+        message: str,
+        headers: Mapping[str, str] | None = None,
+        members: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.headers = dict(headers or {})
+        self.members = dict(members or {})
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"code": self.code, "message": self.message}}
+        """The RFC 9457 problem."""
+        return {
+            "type": "about:blank",
+            "title": TITLES.get(self.status) or HTTPStatus(self.status).phrase,
+            "status": self.status,
+            "detail": self.message,
+            "code": self.code,
+            **self.members,
+        }
+
+
+class Refused(HTTPException):
+    """An ApiError raised where only an HTTPException passes (while FastAPI reads a body)."""
+
+    def __init__(self, error: ApiError) -> None:
+        super().__init__(error.status, error.message, error.headers)
+        self.error = error
 
 
 def error_response(error: ApiError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+    return JSONResponse(
+        error.body(), status_code=error.status, headers=error.headers, media_type=PROBLEM
+    )
 
 
 def not_found(what: str) -> ApiError:
@@ -135,7 +177,16 @@ def service(request: Request) -> Service:
     return found
 
 
-async def principal(request: Request) -> Principal:
+# What the OpenAPI document declares (so /docs offers "Authorize"); the token is checked by
+# `identify`, before the body is read (edge.py).
+BEARER = HTTPBearer(
+    auto_error=False,
+    scheme_name="bearer",
+    description="A token made by `headrace token create`: `Authorization: Bearer hr_...`",
+)
+
+
+async def identify(request: Request) -> Principal:
     """The bearer token's principal; 401 without a valid one."""
     token = auth.bearer(request.headers.get("authorization"))
     if token is None:
@@ -154,6 +205,18 @@ async def principal(request: Request) -> Principal:
             {"WWW-Authenticate": 'Bearer error="invalid_token"'},
         )
     return found
+
+
+async def principal(
+    request: Request,
+    _: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)] = None,
+) -> Principal:
+    """Who sent the bearer token: found by the route before it read the body (edge.py), or
+    here for a route that is not an EdgeRoute."""
+    known = getattr(request.state, "principal", None)
+    if isinstance(known, Principal):
+        return known
+    return await identify(request)
 
 
 Caller = Annotated[Principal, Depends(principal)]

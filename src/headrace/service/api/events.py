@@ -12,9 +12,10 @@ from headrace.pipelines.moderation.pipeline import CLOSED
 from headrace.pipelines.moderation.upkeep import close_event
 from headrace.service.api.auth import Role
 from headrace.service.api.deps import Caller, TheService, require
+from headrace.service.api.edge import EdgeRoute
 from headrace.service.api.uploads import Event
 
-router = APIRouter(tags=["events"])
+router = APIRouter(tags=["events"], route_class=EdgeRoute)
 
 
 class Closed(BaseModel):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Response
-from fastapi.responses import FileResponse, RedirectResponse, StreamingResponse
+from fastapi.responses import RedirectResponse
 from pydantic import BaseModel, Field
 
 from headrace.pipelines.moderation.derive import (
@@ -46,9 +46,11 @@ from headrace.service.api.deps import (
     not_found,
     require,
 )
+from headrace.service.api.edge import EdgeRoute
+from headrace.service.api.sending import MediaFile, MediaStream
 from headrace.service.api.uploads import Event
 
-router = APIRouter(tags=["items"])
+router = APIRouter(tags=["items"], route_class=EdgeRoute)
 
 MediaId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$", description="the item's media id")]
 PREVIEWS = {  # what the page shows of each class, and the smaller one for lists
@@ -199,17 +201,16 @@ async def preview_answer(svc: Service, item: Item, *, small: bool) -> Response:
 
 
 def preview_response(served: Served | None, media_type: str = "image/webp") -> Response:
-    """A derivative as `--media-delivery` says. A local file answers Range requests (a player
-    seeks with them)."""
+    """A derivative as `--media-delivery` says, answering conditional requests; a local file
+    answers Range requests too (a player seeks with them): sending.py."""
     if served is None:
         raise not_found("preview")
     if isinstance(served, LocalFile):
-        return FileResponse(served.path, media_type=media_type, headers=PRIVATE)
+        return MediaFile(served.path, media_type, PRIVATE)
     if isinstance(served, SignedUrl):
         # A signed URL is a credential for its minutes: no cache keeps the redirect.
         return RedirectResponse(served.url, 307, headers={"Cache-Control": "private, no-store"})
-    headers = {**PRIVATE, "Content-Length": str(served.size)}
-    return StreamingResponse(served.chunks, media_type=media_type, headers=headers)
+    return MediaStream(served, media_type, PRIVATE)
 
 
 async def playback_answer(svc: Service, item: Item) -> Response:
@@ -239,7 +240,8 @@ async def playback(media_id: MediaId, svc: TheService, who: Caller) -> Response:
     return await playback_answer(svc, await visible_item(svc, who, media_id, "read"))
 
 
-PRIVATE = {"Cache-Control": "private"}
+# Only the moderator's browser keeps a copy, for a few minutes; then it asks again (304).
+PRIVATE = {"Cache-Control": "private, max-age=300"}
 
 
 @router.get(

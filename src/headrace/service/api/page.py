@@ -22,7 +22,8 @@ Every form that changes something (sign-in, sign-out, a decision, a claim) is a 
 `forbidden`, nothing done (the sign-in form again, for a sign-in). Each needs a form token too:
 sign-out and the page's actions the one bound to the sign-in's cookie (a form field, or the
 `X-Form-Token` header of the page's calls), a sign-in the one bound to the cookie the sign-in
-form came with.
+form came with. A decision or call of the page without a live sign-in is 401 before its body is
+read (`edge.SignedInRoute`; signing in and out are `sign_in_forms`, which need none).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from headrace.service.api.deps import (
     deny,
     service,
 )
+from headrace.service.api.edge import EdgeRoute, SignedInRoute
 from headrace.service.api.items import (
     Bulk,
     ItemView,
@@ -68,7 +70,7 @@ from headrace.service.api.items import (
 )
 from headrace.service.api.uploads import Event
 
-router = APIRouter(include_in_schema=False)  # what the page shows
+router = APIRouter(include_in_schema=False, route_class=EdgeRoute)  # what the page shows
 
 PAGE_SIZE = 100
 REVIEWABLE = ItemState.REVIEWABLE.value
@@ -98,8 +100,15 @@ async def same_site(request: Request, svc: TheService) -> None:
         raise FormRefused("the form was sent from another site: use this service's own page")
 
 
-# What the page does: every state-changing form, each checked by `same_site` first.
-forms = APIRouter(include_in_schema=False, dependencies=[Depends(same_site)])
+# What the page does: every state-changing form, each checked by `same_site` first. Its
+# decisions and calls need a sign-in, checked before their body is read (edge.SignedInRoute);
+# signing in and out do not.
+forms = APIRouter(
+    include_in_schema=False, dependencies=[Depends(same_site)], route_class=SignedInRoute
+)
+sign_in_forms = APIRouter(
+    include_in_schema=False, dependencies=[Depends(same_site)], route_class=EdgeRoute
+)
 
 
 def check_form_token(cookie: str, given: str) -> None:
@@ -175,7 +184,7 @@ def sign_in_refused(request: Request, refusal: FormRefused) -> HTMLResponse:
     return sign_in_page(request, refusal.status, f"{why[:1].upper()}{why[1:]}.")
 
 
-@forms.post(SIGN_IN)
+@sign_in_forms.post(SIGN_IN)
 async def login(
     request: Request,
     svc: TheService,
@@ -201,7 +210,7 @@ async def login(
     return answer
 
 
-@forms.post("/logout")
+@sign_in_forms.post("/logout")
 async def logout(
     request: Request, svc: TheService, form_token: Annotated[str, Form(max_length=100)] = ""
 ) -> Response:

@@ -22,10 +22,11 @@ from headrace.service.api.deps import (
     not_found,
     require,
 )
+from headrace.service.api.edge import EdgeRoute
 from headrace.store.ages import ReadyAges, quantile
 from headrace.store.types import Attempt, TaskRecord, TaskState
 
-router = APIRouter(tags=["status"])
+router = APIRouter(tags=["status"], route_class=EdgeRoute)
 
 TaskId = Annotated[int, Path(ge=1, le=2**62, description="the task's id")]
 Group = Annotated[

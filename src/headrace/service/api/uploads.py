@@ -4,8 +4,10 @@ The body is a multipart form: `file` (the media; its name and declared type are 
 an optional `caption`. The file is spooled to a local file as it arrives, never held in memory,
 then kept in the media store (linked into a directory, or uploaded in parts to a bucket); past the
 largest size any class takes the answer is 413 at once, with nothing kept (a `Content-Length`
-already too large is refused before a byte is read). The answer is 202, with the media id and
-state `queued`, only once the bytes, the item's record and its validate task are committed.
+already too large is refused before a byte is read: the route's `BodyLimit`, edge.py). A body
+that ends before its closing boundary is 400 `bad_form`, nothing kept. The answer is 202, with
+the media id and state `queued`, only once the bytes, the item's record and its validate task
+are committed.
 When the event's or the session's admission bound is full: 429 with `Retry-After`, the item
 kept as `declined` until it is sent again. An event that was closed takes no upload: 409
 `event_closed`, before a byte of the body is read.
@@ -25,7 +27,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Request, Response
+from fastapi import APIRouter, Depends, Header, Path, Request, Response
 from pydantic import BaseModel
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
@@ -36,8 +38,9 @@ from headrace.policy.errors import ConfigError, QueueFull
 from headrace.policy.text import text_problem
 from headrace.service.api.auth import Role
 from headrace.service.api.deps import ApiError, Caller, Service, TheService, require
+from headrace.service.api.edge import BodyLimit, EdgeRoute
 
-router = APIRouter(tags=["uploads"])
+router = APIRouter(tags=["uploads"], route_class=EdgeRoute)
 
 LABEL = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 SESSION_COOKIE = "headrace_session"
@@ -130,14 +133,9 @@ def boundary_of(request: Request) -> bytes:
     return boundary
 
 
-def check_length(request: Request, limit: int) -> None:
-    declared = request.headers.get("content-length")
-    if declared is None:
-        return
-    if not declared.isdigit():
-        raise ApiError(400, "bad_request", "Content-Length: expected a number of bytes")
-    if int(declared) > limit + FORM_OVERHEAD:
-        raise too_large(limit)
+def body_limit(svc: Service) -> int:
+    """The largest upload body: the largest file any class takes, and a form around it."""
+    return svc.moderation.max_bytes + FORM_OVERHEAD
 
 
 def too_large(limit: int) -> ApiError:
@@ -147,6 +145,12 @@ def too_large(limit: int) -> ApiError:
 async def read_form(chunks: AsyncIterator[bytes], boundary: bytes, writer: BlobWriter) -> Form:
     """Parse a multipart body as it streams in, writing its file part to `writer`."""
     form = Form(writer)
+    ended = False
+
+    def end() -> None:
+        nonlocal ended
+        ended = True
+
     parser = MultipartParser(
         boundary,
         {
@@ -156,6 +160,7 @@ async def read_form(chunks: AsyncIterator[bytes], boundary: bytes, writer: BlobW
             "on_header_end": form.header_end,
             "on_headers_finished": form.headers_done,
             "on_part_data": form.data,
+            "on_end": end,
         },
     )
     try:
@@ -164,6 +169,8 @@ async def read_form(chunks: AsyncIterator[bytes], boundary: bytes, writer: BlobW
         parser.finalize()
     except MultipartParseError:
         raise ApiError(400, "bad_form", "the multipart body could not be read") from None
+    if not ended:  # the parser takes a body cut short without a word
+        raise ApiError(400, "bad_form", "the multipart body ends before its closing boundary")
     if not form.has_file:
         raise ApiError(400, "bad_form", "send the media as a form field named 'file'")
     if writer.size == 0:
@@ -221,6 +228,7 @@ def session_cookie(svc: Service, event: str, session: str) -> dict[str, str]:
         422: {"description": "a bad field, or an idempotency key reused with other content"},
         429: {"description": "admission is full: retry after Retry-After seconds"},
     },
+    dependencies=[Depends(BodyLimit(body_limit))],
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -260,7 +268,6 @@ async def upload(
     if await moderation.closed(event):
         raise closed(event)
     limit = moderation.max_bytes
-    check_length(request, limit)
     boundary = boundary_of(request)
     session, new_session = session_of(request)
     cookie = session_cookie(svc, event, session) if new_session else {}

@@ -24,16 +24,17 @@ import json
 import math
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Path, Request
+from fastapi import APIRouter, Depends, Header, Path, Request
 from pydantic import BaseModel
 
 from headrace.policy.errors import ConfigError
 from headrace.policy.text import MAX_DEPTH, check_document
 from headrace.runtime import remote
 from headrace.service.api.deps import ApiError, TheService
+from headrace.service.api.edge import BodyLimit, EdgeRoute
 from headrace.store.records import Audit
 
-router = APIRouter(tags=["webhooks"])
+router = APIRouter(tags=["webhooks"], route_class=EdgeRoute)
 
 DELIVERY = "delivery"  # the record kind of a webhook delivery
 MAX_BODY = 256 * 1024
@@ -132,6 +133,7 @@ def kept_as(found: dict[str, Any]) -> dict[str, Any]:
         413: {"description": "larger than 256 KiB"},
         422: {"description": "a field is missing or malformed"},
     },
+    dependencies=[Depends(BodyLimit(MAX_BODY))],
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -162,18 +164,14 @@ async def receive(
     secret = svc.settings.webhook_secrets.get(provider)
     if secret is None:
         raise ApiError(404, "not_found", "no such provider")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY:
-            raise ApiError(413, "too_large", f"a delivery may have at most {MAX_BODY} bytes")
-    good, timestamp = signature_ok(secret, webhook_signature or "", bytes(body))
+    body = await request.body()  # at most MAX_BODY: the route's BodyLimit
+    good, timestamp = signature_ok(secret, webhook_signature or "", body)
     if not good or timestamp is None:
         raise ApiError(401, "bad_signature", "the Webhook-Signature does not sign this body")
     now = await svc.store.now()
     if abs(now - timestamp) > svc.settings.webhook_window:
         raise ApiError(401, "stale", "the signed timestamp is outside the accepted window")
-    found = parse(bytes(body))
+    found = parse(body)
     key = hashlib.sha256(f"{provider}\0{found['id']}".encode()).hexdigest()
     body_kept = kept_as(found)
     kept = await svc.store.put_record(

@@ -37,10 +37,14 @@ class SignedUrl:
 
 @dataclass(frozen=True)
 class Streamed:
-    """A preview the service streams from the storage as it arrives: its chunks and size."""
+    """A preview the service streams from the storage as it arrives: its chunks and size, and
+    what the storage says of its version (its ETag, when it was written: Unix seconds), which
+    conditional requests are answered by."""
 
     chunks: AsyncIterator[bytes]
     size: int
+    etag: str | None = None
+    modified: float | None = None
 
 
 Served = LocalFile | SignedUrl | Streamed

@@ -164,7 +164,13 @@ class S3Backend:
                 found = await obstore.get_async(self.store, key)
             except FileNotFoundError:
                 return None
-        return Streamed(_chunks(found, key), found.meta["size"])
+        meta = found.meta
+        return Streamed(
+            _chunks(found, key),
+            meta["size"],
+            etag=meta["e_tag"],
+            modified=meta["last_modified"].timestamp(),
+        )
 
     def _download(self, key: str, path: Path) -> bool:
         """Stream the object into the local file `path` (in a thread: the writes block)."""

@@ -54,6 +54,11 @@
     return { ok: answer.ok, status: answer.status, body: found, headers: answer.headers };
   }
 
+  // What an error answer says to do: its problem's detail (RFC 9457, application/problem+json).
+  function errorMessage(body) {
+    return body.detail;
+  }
+
   function say(text) {
     status.textContent = text;
   }
@@ -215,7 +220,7 @@
     const answer = await call(`decide/${li.dataset.mediaId}`, { decision: decision, reason: reason });
     if (!answer.ok) {
       refused(li, answer);
-      say(answer.body ? `Not decided: ${answer.body.error.message}.` : "Not decided: try again.");
+      say(answer.body ? `Not decided: ${errorMessage(answer.body)}.` : "Not decided: try again.");
       await next();
       return;
     }
@@ -230,7 +235,7 @@
     const ids = Array.from(selected);
     const answer = await call("bulk", { decision: decision, media_ids: ids, reason: reason });
     if (!answer.ok) {
-      say(answer.body ? answer.body.error.message : "The decision was not taken: try again.");
+      say(answer.body ? errorMessage(answer.body) : "The decision was not taken: try again.");
       return;
     }
     let done = 0;
@@ -263,7 +268,7 @@
     }
     const answer = await call(`undo/${last.id}`);
     if (!answer.ok) {
-      say(answer.body ? `Not undone: ${answer.body.error.message}.` : "Not undone: try again.");
+      say(answer.body ? `Not undone: ${errorMessage(answer.body)}.` : "Not undone: try again.");
       return;
     }
     await letGo();
