@@ -362,7 +362,8 @@ async def decide(
         reviewed = await svc.moderation.review(
             media_id, approve=approve, by=who.name, reason=None if approve else reason or None
         )
-        message = reviewed.item.state.value if reviewed.applied else "decided"
+        own = reviewed.applied or reviewed.item.decided_by == who.name  # or its repeat
+        message = reviewed.item.state.value if own else "decided"
     except ClaimedByOther:
         message = "claimed"
     except ConfigError:
