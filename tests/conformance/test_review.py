@@ -348,3 +348,27 @@ async def test_a_release_that_finds_the_claim_gone_with_the_decision_releases_no
     await desk.moderation.review(media_id, approve=True, by="ana")
     stop.go.set()
     assert await late is False
+
+
+async def test_signing_out_releases_every_claim_the_moderator_holds(desk: Desk) -> None:
+    first, second = await desk.items(2)
+    [elsewhere] = await desk.items(1, event="fair")
+    [bens] = await desk.items(1, session="s2")
+    for media_id in (first, second, elsewhere):
+        await desk.review.claim(media_id, "ana")
+    await desk.review.claim(bens, "ben")
+    await desk.review.release(second, "ana")  # given back before: not counted again
+    assert await desk.review.release_all("ana", reason="signed out") == 2
+    assert {c.media_id: c.holder for c in (await desk.review.claims("gala")).values()} == {
+        bens: "ben"
+    }
+    assert await desk.review.claims("fair") == {}
+    assert (await desk.review.claim(first, "ben")).holder == "ben"  # free for others at once
+    rows = await desk.moderation.app.store.audit_log(kind=CLAIM, record_id=elsewhere)
+    assert [(r.action, r.actor, r.outcome, dict(r.detail)) for r in rows][-1] == (
+        "claim.released",
+        "ana",
+        "applied",
+        {"reason": "signed out"},
+    )
+    assert await desk.review.release_all("ana", reason="signed out") == 0

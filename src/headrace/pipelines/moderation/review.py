@@ -10,7 +10,8 @@ the same compare-and-set and audit rows as the items' own records (`store/record
   lapsed: it is taken by a change from `held:<them>` that applies only if the record has not
   changed for the TTL (`Age(at_least=ttl)`, by the store's clock), so of two moderators taking
   a lapsed claim at once one wins, and a holder who renewed a moment before keeps it;
-- its holder releases it (`free`), or an admin does, with a reason;
+- its holder releases it (`free`), or an admin does, with a reason; signing out releases
+  every claim the moderator holds (`release_all`);
 - a decision takes (or renews) the decider's claim first, then moves the item: nobody decides
   an item another moderator holds. Once the item is decided, its claim record goes.
 
@@ -261,6 +262,28 @@ class Review:
         except UnknownRecord:  # its item was decided meanwhile: the claim went with it
             return False
         return changed.applied
+
+    async def release_all(self, by: str, *, reason: str) -> int:
+        """Give back every claim `by` holds, in every event (`by` signed out): how many."""
+        check_label(by, "by")
+        held = HELD + by
+        mine: list[Record] = []
+        after = 0
+        while True:  # read them all first: a claim given back moves past the cursor
+            page = await self.store.list_records(CLAIM, state=held, after=after, limit=PAGE)
+            mine.extend(page)
+            if len(page) < PAGE:
+                break
+            after = page[-1].seq
+        audit = Audit("claim.released", by, {"reason": reason})
+        released = 0
+        for record in mine:
+            with contextlib.suppress(UnknownRecord):  # decided meanwhile: the claim went
+                changed = await self.store.change_record(
+                    CLAIM, record.id, state=FREE, when={held}, audit=audit
+                )
+                released += changed.applied
+        return released
 
     async def claims(self, event: str) -> dict[str, Claim]:
         """The live claims on the event's items, by media id."""
