@@ -4,10 +4,12 @@ every backend with the store's clock a ManualClock."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
@@ -29,6 +31,10 @@ from .conftest import make_backend
 
 pytestmark = pytest.mark.anyio
 
+T = TypeVar("T")
+# Set in a task whose store calls `Stop` holds: one request among several.
+STOPPING = contextvars.ContextVar("stopping", default=False)
+
 
 @dataclass
 class Desk:
@@ -44,6 +50,41 @@ class Desk:
             await self.moderation.records.put(item)
             ids.append(media_id)
         return ids
+
+
+@dataclass
+class Stop:
+    """Holds a marked task (`late`) at its first call of one store verb on one kind of record,
+    until `go`: a request stopped between two of its steps while others run."""
+
+    reached: asyncio.Event
+    go: asyncio.Event
+
+    @classmethod
+    def before(cls, monkeypatch: pytest.MonkeyPatch, desk: Desk, verb: str, kind: str) -> Stop:
+        stop = cls(asyncio.Event(), asyncio.Event())
+        store = desk.moderation.app.store
+        original: Callable[..., Awaitable[Any]] = getattr(store, verb)
+
+        async def held(*args: Any, **kwargs: Any) -> Any:
+            if STOPPING.get() and args[0] == kind and not stop.go.is_set():
+                stop.reached.set()
+                await stop.go.wait()
+            return await original(*args, **kwargs)
+
+        monkeypatch.setattr(store, verb, held)
+        return stop
+
+    async def late(self, call: Awaitable[T]) -> asyncio.Task[T]:
+        """`call` in a task of its own, once it is held."""
+
+        async def marked() -> T:
+            STOPPING.set(True)
+            return await call
+
+        task = asyncio.create_task(marked())
+        await self.reached.wait()
+        return task
 
 
 @pytest.fixture
@@ -222,3 +263,112 @@ def test_a_session_shows_as_a_short_label_of_its_digest() -> None:
     assert label.startswith("guest-") and len(label) == 12 and "abab" not in label
     with pytest.raises(ConfigError, match="claim_ttl"):
         ReviewRules(claim_ttl=0)
+
+
+# Where a repeat of a decision stops while the first one applies: before it takes the claim
+# (it read the item reviewable), before it renews the claim it found (which then goes with the
+# decision), before it moves the item (holding the claim the first one renews and drops).
+STEPS = [("put_record", CLAIM), ("change_record", CLAIM), ("change_record", ITEM)]
+
+
+@pytest.mark.parametrize(("verb", "kind"), STEPS)
+async def test_a_decision_sent_again_at_once_applies_once_and_the_repeat_answers_as_one(
+    desk: Desk, monkeypatch: pytest.MonkeyPatch, verb: str, kind: str
+) -> None:
+    [media_id] = await desk.items(1)
+    await desk.review.claim(media_id, "ana")  # the page claimed it as it came into focus
+    stop = Stop.before(monkeypatch, desk, verb, kind)
+    late = await stop.late(desk.moderation.review(media_id, approve=True, by="ana"))
+    first = await desk.moderation.review(media_id, approve=True, by="ana")
+    stop.go.set()
+    again = await late
+    assert (first.applied, again.applied) == (True, False)
+    assert again.item.state is ItemState.APPROVED and again.item.decided_by == "ana"
+    store = desk.moderation.app.store
+    assert [(n.topic, n.record_id) for n in await store.outbox()] == [("item.approved", media_id)]
+    trail = [(r.actor, r.outcome) for r in await store.audit_log(kind=ITEM, record_id=media_id)]
+    assert trail == [("ana", "applied"), ("ana", "unchanged: approved")]
+    assert await desk.review.claims("gala") == {}  # nobody holds a decided item
+
+
+async def test_a_decision_that_comes_after_another_moderators_leaves_no_claim(
+    desk: Desk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ben read the item reviewable, and claims it only once Ana's approval has applied (and
+    dropped her claim): his rejection is refused and his claim freed, so Ana's undo hands the
+    item back to her."""
+    [media_id] = await desk.items(1)
+    stop = Stop.before(monkeypatch, desk, "put_record", CLAIM)
+    late = await stop.late(
+        desk.moderation.review(media_id, approve=False, by="ben", reason="other")
+    )
+    await desk.moderation.review(media_id, approve=True, by="ana")
+    stop.go.set()
+    with pytest.raises(NotReviewable, match="it is approved"):
+        await late
+    assert await desk.review.claims("gala") == {}
+    await desk.review.undo(media_id, "ana")
+    assert (await desk.review.claims("gala"))[media_id].holder == "ana"
+
+
+async def test_an_undo_sent_again_reopens_once_and_the_repeats_answer_as_one(
+    desk: Desk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    [media_id] = await desk.items(1)
+    await desk.moderation.review(media_id, approve=True, by="ana")
+    stop = Stop.before(monkeypatch, desk, "change_record", ITEM)
+    late = await stop.late(desk.review.undo(media_id, "ana"))  # read it approved
+    first = await desk.review.undo(media_id, "ana")
+    stop.go.set()
+    again = await late
+    later = await desk.review.undo(media_id, "ana")  # read it reviewable
+    for item in (first, again, later):
+        assert item.state is ItemState.REVIEWABLE and item.reopened_by == "ana"
+    store = desk.moderation.app.store
+    assert [n.topic for n in await store.outbox()] == ["item.approved", "item.reopened"]
+    trail = [(r.action, r.outcome) for r in await store.audit_log(kind=ITEM, record_id=media_id)]
+    assert trail == [
+        ("review.approved", "applied"),
+        ("review.undone", "applied"),
+        ("review.undone", "unchanged: reviewable"),
+        ("review.undone", "unchanged: reviewable"),
+    ]
+    assert (await desk.review.claims("gala"))[media_id].holder == "ana"
+    with pytest.raises(NotReviewable, match="cannot be undone, it is reviewable"):
+        await desk.review.undo(media_id, "ben")  # his undo is no repeat: he reopened nothing
+
+
+async def test_a_release_that_finds_the_claim_gone_with_the_decision_releases_nothing(
+    desk: Desk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    [media_id] = await desk.items(1)
+    await desk.review.claim(media_id, "ana")
+    stop = Stop.before(monkeypatch, desk, "change_record", CLAIM)
+    late = await stop.late(desk.review.release(media_id, "ana"))  # focus left it, as she decided
+    await desk.moderation.review(media_id, approve=True, by="ana")
+    stop.go.set()
+    assert await late is False
+
+
+async def test_signing_out_releases_every_claim_the_moderator_holds(desk: Desk) -> None:
+    first, second = await desk.items(2)
+    [elsewhere] = await desk.items(1, event="fair")
+    [bens] = await desk.items(1, session="s2")
+    for media_id in (first, second, elsewhere):
+        await desk.review.claim(media_id, "ana")
+    await desk.review.claim(bens, "ben")
+    await desk.review.release(second, "ana")  # given back before: not counted again
+    assert await desk.review.release_all("ana", reason="signed out") == 2
+    assert {c.media_id: c.holder for c in (await desk.review.claims("gala")).values()} == {
+        bens: "ben"
+    }
+    assert await desk.review.claims("fair") == {}
+    assert (await desk.review.claim(first, "ben")).holder == "ben"  # free for others at once
+    rows = await desk.moderation.app.store.audit_log(kind=CLAIM, record_id=elsewhere)
+    assert [(r.action, r.actor, r.outcome, dict(r.detail)) for r in rows][-1] == (
+        "claim.released",
+        "ana",
+        "applied",
+        {"reason": "signed out"},
+    )
+    assert await desk.review.release_all("ana", reason="signed out") == 0

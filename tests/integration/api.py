@@ -4,6 +4,7 @@ entered), an httpx client on it, tokens of every role, and a worker to drain the
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
@@ -16,7 +17,7 @@ from fastapi import FastAPI
 import headrace as hr
 from headrace.pipelines.moderation import samples
 from headrace.pipelines.moderation.deploy import make_moderation
-from headrace.pipelines.moderation.pipeline import Admission, Moderation
+from headrace.pipelines.moderation.pipeline import Admission, Item, ItemState, Moderation
 from headrace.pipelines.moderation.probe import DEFAULT_LIMITS
 from headrace.service.api.app import create_api
 from headrace.service.api.auth import Role, create_token
@@ -133,6 +134,18 @@ async def reviewable(h: Harness, caption: str | None = None, data: bytes | None 
     await h.drain()
     media_id: str = answer.json()["media_id"]
     return media_id
+
+
+async def waiting_items(h: Harness, count: int, event: str = "gala") -> list[str]:
+    """`count` items waiting for a decision as the pipeline leaves them, kept directly (for
+    tests of what comes after): their media ids."""
+    ids = []
+    for n in range(count):
+        media_id = hashlib.sha256(f"{event}/{n}".encode()).hexdigest()[:32]
+        item = Item(media_id, event, f"s{n % 4}", "0" * 64, 10, state=ItemState.REVIEWABLE)
+        await h.moderation.records.put(item)
+        ids.append(media_id)
+    return ids
 
 
 async def sign_in_form(h: Harness) -> str:

@@ -287,8 +287,10 @@ async def test_the_page_calls_claim_decide_undo_and_decide_in_bulk(tmp_path: Pat
         assert done.json()["state"] == "rejected" and done.json()["applied"] is True
         undone = await call(f"undo/{first}")
         assert undone.json() == {"media_id": first, "state": "reviewable"}
-        late = await call(f"undo/{first}")
-        assert late.status_code == 409 and late.headers["x-state"] == "reviewable"
+        again = await call(f"undo/{first}")  # a repeat: answered as the undo was
+        assert again.json() == {"media_id": first, "state": "reviewable"}
+        never = await call(f"undo/{second}")  # nothing of hers to undo
+        assert never.status_code == 409 and never.headers["x-state"] == "reviewable"
 
         results = await call("bulk", {"decision": "approve", "media_ids": [first, second]})
         assert results.json() == [

@@ -180,6 +180,7 @@ class Item:
     flags: tuple[str, ...] = ()  # safe codes moderators see beside a reviewable item
     decided_by: str | None = None  # the moderator whose decision stands (`review`)
     decision_reason: str | None = None  # why it was rejected: a code of `review.REJECT_REASONS`
+    reopened_by: str | None = None  # the moderator whose undo made it reviewable again
     uploaded_at: float = 0.0  # when its record was made, by the store's clock
     seq: int = 0  # the order of its last change of state (`store/records.py`)
 

@@ -10,17 +10,24 @@ the same compare-and-set and audit rows as the items' own records (`store/record
   lapsed: it is taken by a change from `held:<them>` that applies only if the record has not
   changed for the TTL (`Age(at_least=ttl)`, by the store's clock), so of two moderators taking
   a lapsed claim at once one wins, and a holder who renewed a moment before keeps it;
-- its holder releases it (`free`), or an admin does, with a reason;
+- its holder releases it (`free`), or an admin does, with a reason; signing out releases
+  every claim the moderator holds (`release_all`);
 - a decision takes (or renews) the decider's claim first, then moves the item: nobody decides
   an item another moderator holds. Once the item is decided, its claim record goes.
+
+Each step is its own transaction, so requests for one item interleave between them: a repeat
+of a decision sent at once (a double click, a retry) may find the claim it read gone with the
+decision, or take a claim just after the decision. It then reads the item again, and answers as
+a repeat does (it frees a claim it took: the item needs none).
 
 Decisions move an item from `reviewable` to `approved` or `rejected` in one transaction with
 its audit row and its notice (`item.approved`, `item.rejected`); a repeat changes nothing and
 sends nothing. A decision can be undone by the moderator who made it within the undo window
 (`ReviewRules.undo_window`, 30 s, checked by the store's clock in the same change): the item is
-reviewable again and the outbox sends one correction (`item.reopened`). After the window an
-admin may change it to the other decision, with a reason (`item.decision_changed`). Every
-attempt, applied or not, is an audit row.
+reviewable again (`reopened_by` them) and the outbox sends one correction (`item.reopened`); a
+repeat of the undo changes nothing. After the window an admin may change it to the other
+decision, with a reason (`item.decision_changed`). Every attempt, applied or not, is an audit
+row.
 
 Bulk decisions are single decisions made in turn, each with its own claim, audit row and at
 most one notice; what another moderator decided or holds meanwhile is reported item by item.
@@ -36,9 +43,9 @@ from typing import TYPE_CHECKING, Literal
 
 from headrace.pipelines.moderation.media import check_media_id
 from headrace.pipelines.moderation.pipeline import ITEM, Item, ItemState, Reviewed, check_label
-from headrace.policy.errors import ConfigError
+from headrace.policy.errors import ConfigError, UnknownRecord
 from headrace.store.base import Store
-from headrace.store.records import Age, Audit, Notice, Record
+from headrace.store.records import Age, Audit, Changed, Notice, Record
 
 if TYPE_CHECKING:
     from headrace.pipelines.moderation.pipeline import Moderation
@@ -175,43 +182,60 @@ class Review:
         """`claim` of an item as it was just read."""
         if item.state is not ItemState.REVIEWABLE:
             raise NotReviewable(item, "claimed")
-        held = HELD + by
-        audit = Audit("claim.taken", by)
-        made = await self.store.put_record(
-            CLAIM, item.media_id, scope=item.event, state=held, audit=audit
-        )
-        if made.applied:
-            return self._claim_of(made.record)
+        made = await self._put_claim(item, by)
         for _ in range(3):  # the claim moved while it was read: look again
-            found = self._claim_of(made.record)
-            now = await self.store.now()
-            renewing = found.holder == by
-            if found.holder is None or renewing:
-                when, age = {FREE, held}, None
-            elif found.live(now):
-                await self.store.write_audit(
-                    CLAIM,
-                    item.media_id,
-                    scope=item.event,
-                    audit=audit,
-                    outcome=f"unchanged: {made.record.state}",
-                )
-                raise ClaimedByOther(found)
-            else:  # lapsed: taken only if its holder still has not renewed it
-                when, age = {made.record.state}, Age(at_least=self.rules.claim_ttl)
-            changed = await self.store.change_record(
+            if made.applied:
+                break
+            made = await self._retake(item, made.record, by)
+        if not made.applied:
+            raise ClaimedByOther(self._claim_of(made.record))
+        return self._claim_of(made.record)
+
+    async def _put_claim(self, item: Item, by: str) -> Changed:
+        """A claim record held by `by`, made unless the item has one (then that one, unchanged)."""
+        audit = Audit("claim.taken", by)
+        return await self.store.put_record(
+            CLAIM, item.media_id, scope=item.event, state=HELD + by, audit=audit
+        )
+
+    async def _retake(self, item: Item, record: Record, by: str) -> Changed:
+        """One try at `by`'s claim on an item whose claim was found as `record`: taken when free
+        or `by`'s (renewed) or lapsed; ClaimedByOther while another's is live, NotReviewable
+        when the item was decided meanwhile (its claim went with the decision)."""
+        found = self._claim_of(record)
+        now = await self.store.now()
+        renewing = found.holder == by
+        audit = Audit("claim.renewed" if renewing else "claim.taken", by)
+        if found.holder is None or renewing:
+            when, age = {FREE, HELD + by}, None
+        elif found.live(now):
+            outcome = f"unchanged: {record.state}"
+            await self.store.write_audit(
+                CLAIM, item.media_id, scope=item.event, audit=audit, outcome=outcome
+            )
+            raise ClaimedByOther(found)
+        else:  # lapsed: taken only if its holder still has not renewed it
+            when, age = {record.state}, Age(at_least=self.rules.claim_ttl)
+        renewals = int(record.body.get("renewals", 0)) + renewing
+        try:
+            return await self.store.change_record(
                 CLAIM,
                 item.media_id,
-                state=held,
-                body={"renewals": int(made.record.body.get("renewals", 0)) + renewing},
+                state=HELD + by,
+                body={"renewals": renewals},
                 when=when,
                 age=age,
-                audit=Audit("claim.renewed", by) if renewing else audit,
+                audit=audit,
             )
-            if changed.applied:
-                return self._claim_of(changed.record)
-            made = changed
-        raise ClaimedByOther(self._claim_of(made.record))
+        except UnknownRecord:  # decided since it was read (and reopened, or not)
+            return await self._put_claim(await self._reviewable(item.media_id, "claimed"), by)
+
+    async def _reviewable(self, media_id: str, action: str) -> Item:
+        """The item as it now is, if it waits for a decision; else NotReviewable."""
+        item = await self.moderation.records.get(media_id)
+        if item.state is not ItemState.REVIEWABLE:
+            raise NotReviewable(item, action)
+        return item
 
     async def release(
         self, media_id: str, by: str, *, admin: bool = False, reason: str | None = None
@@ -231,10 +255,35 @@ class Review:
         else:
             audit = Audit("claim.released", by)
             when = {HELD + by}
-        changed = await self.store.change_record(
-            CLAIM, found.id, state=FREE, when=when, audit=audit
-        )
+        try:
+            changed = await self.store.change_record(
+                CLAIM, found.id, state=FREE, when=when, audit=audit
+            )
+        except UnknownRecord:  # its item was decided meanwhile: the claim went with it
+            return False
         return changed.applied
+
+    async def release_all(self, by: str, *, reason: str) -> int:
+        """Give back every claim `by` holds, in every event (`by` signed out): how many."""
+        check_label(by, "by")
+        held = HELD + by
+        mine: list[Record] = []
+        after = 0
+        while True:  # read them all first: a claim given back moves past the cursor
+            page = await self.store.list_records(CLAIM, state=held, after=after, limit=PAGE)
+            mine.extend(page)
+            if len(page) < PAGE:
+                break
+            after = page[-1].seq
+        audit = Audit("claim.released", by, {"reason": reason})
+        released = 0
+        for record in mine:
+            with contextlib.suppress(UnknownRecord):  # decided meanwhile: the claim went
+                changed = await self.store.change_record(
+                    CLAIM, record.id, state=FREE, when={held}, audit=audit
+                )
+                released += changed.applied
+        return released
 
     async def claims(self, event: str) -> dict[str, Claim]:
         """The live claims on the event's items, by media id."""
@@ -303,14 +352,7 @@ class Review:
         wanted = ItemState.APPROVED if approve else ItemState.REJECTED
         detail: dict[str, object] = {} if reason is None else {"reason": reason}
         audit = Audit(f"review.{wanted.value}", by, detail)
-        if item.state is ItemState.REVIEWABLE:
-            try:
-                await self._take(item, by)
-            except NotReviewable as moved:
-                item = moved.item
-            except ClaimedByOther as taken:
-                await self._refused(item, audit, f"unchanged: held by {taken.claim.holder}")
-                raise
+        item, took = await self._claim_to_decide(item, by, audit)
         changed = await self.store.change_record(
             ITEM,
             item.media_id,
@@ -323,9 +365,33 @@ class Review:
         decided = Item.of(changed.record)
         if changed.applied:
             await self.forget([item.media_id])  # a decided item's claim: nobody needs it now
+        elif took:  # decided since it was read: the claim just taken serves nobody
+            await self._let_go(item.media_id, by)
         if changed.applied or decided.state is wanted:
             return Reviewed(decided, changed.applied)
         raise NotReviewable(decided, wanted.value)
+
+    async def _claim_to_decide(self, item: Item, by: str, audit: Audit) -> tuple[Item, bool]:
+        """`by`'s claim on an item about to be decided: the item (as it now is, when it was
+        decided meanwhile) and whether the claim was taken. ClaimedByOther, audited, while
+        another moderator holds it."""
+        if item.state is not ItemState.REVIEWABLE:
+            return item, False
+        try:
+            await self._take(item, by)
+        except NotReviewable as moved:
+            return moved.item, False
+        except ClaimedByOther as taken:
+            await self._refused(item, audit, f"unchanged: held by {taken.claim.holder}")
+            raise
+        return item, True
+
+    async def _let_go(self, media_id: str, by: str) -> None:
+        """Free `by`'s claim on an item decided meanwhile (a repeat of a decision, or another's,
+        took it after the decision's own claim went). Freed, not deleted: a store never deletes
+        its newest record, which this claim may be."""
+        with contextlib.suppress(UnknownRecord):
+            await self.store.change_record(CLAIM, media_id, state=FREE, when={HELD + by})
 
     async def decide_many(
         self,
@@ -363,11 +429,15 @@ class Review:
 
     async def undo(self, media_id: str, by: str) -> Item:
         """Undo `by`'s decision within the undo window: the item is reviewable again, held by
-        `by`, and the outbox sends one correction (`item.reopened`). NotReviewable when the
-        item is not decided, was decided by another, or the window has passed."""
+        `by`, and the outbox sends one correction (`item.reopened`); a repeat of that undo
+        changes nothing and answers the same. NotReviewable when the item is not decided, was
+        decided by another, or the window has passed."""
         check_label(by, "by")
         item = await self.moderation.records.get(media_id)
         audit = Audit("review.undone", by, {"was": item.state.value})
+        if reopened_by(item, by):
+            await self._refused(item, audit, f"unchanged: {item.state.value}")
+            return await self._back_in_hands(item, by)
         if item.state not in (ItemState.APPROVED, ItemState.REJECTED):
             raise NotReviewable(item, "undone")
         if item.decided_by != by:
@@ -379,18 +449,22 @@ class Review:
             ITEM,
             item.media_id,
             state=ItemState.REVIEWABLE.value,
-            body={"decided_by": None, "decision_reason": None},
+            body={"decided_by": None, "decision_reason": None, "reopened_by": by},
             when={item.state.value},
             age=Age(at_most=self.rules.undo_window),
             audit=audit,
             notice=Notice("item.reopened", {"media_id": item.media_id, "was": item.state.value}),
         )
         reopened = Item.of(changed.record)
-        if not changed.applied:
+        if not (changed.applied or reopened_by(reopened, by)):
             raise NotReviewable(reopened, f"undone after {self.rules.undo_window:g} s")
-        with contextlib.suppress(ClaimedByOther, NotReviewable):  # taken at once: theirs
-            await self._take(reopened, by)
-        return reopened
+        return await self._back_in_hands(reopened, by)
+
+    async def _back_in_hands(self, item: Item, by: str) -> Item:
+        """An item `by` reopened, claimed for `by` unless another moderator took it at once."""
+        with contextlib.suppress(ClaimedByOther, NotReviewable):
+            await self._take(item, by)
+        return item
 
     async def change(self, media_id: str, *, approve: bool, by: str, reason: str) -> Item:
         """An admin's change of a decision, with a reason: the item moves to the other
@@ -432,3 +506,9 @@ class Review:
     async def forget(self, media_ids: Collection[str]) -> None:
         """The claims of items decided or gone."""
         await self.store.delete_records(CLAIM, list(media_ids))
+
+
+def reopened_by(item: Item, by: str) -> bool:
+    """Whether `item` waits for a decision because `by` undid one: an undo of `by`'s again is
+    its repeat."""
+    return item.state is ItemState.REVIEWABLE and item.reopened_by == by

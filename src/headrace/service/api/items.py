@@ -27,6 +27,7 @@ from headrace.pipelines.moderation.derive import (
 from headrace.pipelines.moderation.media import LocalFile, Served, SignedUrl
 from headrace.pipelines.moderation.pipeline import ITEM, Item, ItemState
 from headrace.pipelines.moderation.review import (
+    CLAIM,
     MAX_BULK,
     REASON_CODES,
     BulkResult,
@@ -383,6 +384,21 @@ async def release_claim(
     except ConfigError as error:
         raise ApiError(422, "invalid", str(error)) from None
     return {"released": released}
+
+
+@router.post(
+    "/v1/claims/release",
+    summary="Give back every claim the caller holds (a client signing its moderator out)",
+    responses={200: {"description": "`released`: how many claims were held and are now free"}},
+)
+async def release_mine(svc: TheService, who: Caller) -> dict[str, int]:
+    await require(svc, who, Role.MODERATOR, kind=CLAIM, action="claim.released")
+    return {"released": await release_claims_of(svc, who)}
+
+
+async def release_claims_of(svc: Service, who: Principal) -> int:
+    """Every claim `who` holds given back: they are done reviewing (signed out)."""
+    return await svc.moderation.reviews.release_all(who.name, reason="signed out")
 
 
 # -- undo, an admin's change, bulk

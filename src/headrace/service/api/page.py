@@ -17,6 +17,9 @@ page polls `/moderate/{event}/new` every two seconds: the count of new items abo
 holds which item, and which items were decided meanwhile, marked where they are: the list never
 reorders and nothing is inserted above the cursor.
 
+Signing out ends the sign-in on the server and gives back every claim the moderator holds, so
+the items they had in focus are free for others at once.
+
 Every form that changes something (sign-in, sign-out, a decision, a claim) is a route of
 `forms`, which refuses one sent from another site before anything else (`same_site`): 403
 `forbidden`, nothing done (the sign-in form again, for a sign-in). Each needs a form token too:
@@ -65,6 +68,7 @@ from headrace.service.api.items import (
     claim_view,
     playback_answer,
     preview_answer,
+    release_claims_of,
     review_conflict,
     view,
 )
@@ -216,7 +220,10 @@ async def logout(
 ) -> Response:
     cookie = request.cookies.get(LOGIN_COOKIE, "")
     check_form_token(cookie, form_token)
+    who = await auth.signed_in(svc.store, cookie)
     await auth.sign_out(svc.store, cookie)
+    if who is not None:  # their claims go with them: others take those items at once
+        await release_claims_of(svc, who)
     answer = RedirectResponse("/login", status_code=303)
     answer.delete_cookie(LOGIN_COOKIE)
     return answer
@@ -371,7 +378,8 @@ async def decide(
         reviewed = await svc.moderation.review(
             media_id, approve=approve, by=who.name, reason=None if approve else reason or None
         )
-        message = reviewed.item.state.value if reviewed.applied else "decided"
+        own = reviewed.applied or reviewed.item.decided_by == who.name  # or its repeat
+        message = reviewed.item.state.value if own else "decided"
     except ClaimedByOther:
         message = "claimed"
     except ConfigError:
