@@ -24,7 +24,7 @@ from headrace.policy.errors import (
     UnknownGate,
 )
 from headrace.policy.gate import GateStatistics
-from headrace.store.ages import ReadyAges
+from headrace.store.ages import ReadyAges, age
 from headrace.store.machine.claim import Claiming
 from headrace.store.machine.core import Pending
 from headrace.store.machine.pruning import PruneSteps
@@ -102,7 +102,7 @@ class Transaction(Claiming, RecordSteps, PruneSteps):
         """The ages of an array of times a task became ready, longest wait first."""
         found = await sent.fetchone()
         since = [] if found is None else found["since"]
-        return tuple(sorted((self.now - float(at) for at in since), reverse=True))
+        return tuple(sorted((age(self.now, float(at)) for at in since), reverse=True))
 
     async def attempt_counts(self) -> dict[AttemptOutcome, int]:
         found = await self.rows("attempt_outcomes")
@@ -123,6 +123,14 @@ class Transaction(Claiming, RecordSteps, PruneSteps):
         )
         total = sum(by_state.values())
         return GroupReport(group, total, by_state, cost, failures)
+
+    # -- named leases
+
+    async def take_lease(self, name: str, holder: str, lease_for: float) -> bool:
+        """Hold the lease `name` for `lease_for` seconds: if `holder` holds it already, or
+        nobody does (never taken, or run out)."""
+        until = self.now + lease_for
+        return bool(await self.rows("take_lease", name=name, holder=holder, until=until))
 
     async def gate_statistics(self) -> list[GateStatistics]:
         stats: list[GateStatistics] = []
