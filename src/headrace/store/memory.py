@@ -26,7 +26,6 @@ from headrace.policy.errors import (
     HeadraceError,
     LeaseLost,
     QueueFull,
-    UnknownGate,
     UnknownTask,
 )
 from headrace.policy.gate import GateConfig, GateState, GateStatistics
@@ -989,11 +988,9 @@ class MemoryStore(MemoryPruning):
         now = self.clock.now()
         stats = []
         for name, state in sorted(self._gates.items()):
-            try:
-                config = gating.resolve(name, self._configs)
-            except UnknownGate:
-                continue  # state kept for a gate this app no longer declares
-            stats.append(gating.statistics(config, state, now))
+            config = gating.find(name, self._configs) or GateConfig(name)
+            declared = gating.declared_as(name, self._configs)
+            stats.append(gating.statistics(config, state, now, declared))
         return stats
 
     def active(self) -> int:

@@ -20,10 +20,7 @@ sends them with the next statement whose rows are read."""
 from __future__ import annotations
 
 from headrace.policy import gate as gating
-from headrace.policy.errors import (
-    UnknownGate,
-)
-from headrace.policy.gate import GateStatistics
+from headrace.policy.gate import GateConfig, GateStatistics
 from headrace.store.ages import ReadyAges, age
 from headrace.store.machine.claim import Claiming
 from headrace.store.machine.core import Pending
@@ -133,11 +130,12 @@ class Transaction(Claiming, RecordSteps, PruneSteps):
         return bool(await self.rows("take_lease", name=name, holder=holder, until=until))
 
     async def gate_statistics(self) -> list[GateStatistics]:
+        """Every gate in the store, whichever process declared it: one this process does not
+        declare is reported under the declaration its row names, with no cap or rate."""
         stats: list[GateStatistics] = []
         for found in await self.rows("all_gates"):
-            try:
-                config = gating.resolve(found["name"], self.configs)
-            except UnknownGate:
-                continue  # declared by another process sharing the store, not by this one
-            stats.append(gating.statistics(config, gate_state_of(found), self.now))
+            name = found["name"]
+            config = gating.find(name, self.configs) or GateConfig(name)
+            declared = gating.declared_as(name, self.configs) or found["spec"]
+            stats.append(gating.statistics(config, gate_state_of(found), self.now, declared))
         return sorted(stats, key=lambda s: s.name)

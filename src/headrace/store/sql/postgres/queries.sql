@@ -526,9 +526,10 @@ WHERE task_id = %(task_id)s::bigint AND gate = ANY(%(gates)s::text[]) AND NOT st
 DELETE FROM tickets WHERE task_id = %(task_id)s::bigint;
 
 -- name: add_gates
--- Rows for gates asked for the first time, in name order (the order every writer locks gates in).
-INSERT INTO gates (name)
-SELECT name FROM unnest(%(names)s::text[]) AS g (name) ORDER BY name COLLATE "C"
+-- Rows for gates asked for the first time, each with the declaration it comes from (parallel arrays), in name order (the order every writer locks gates in).
+INSERT INTO gates (name, spec)
+SELECT name, spec FROM unnest(%(names)s::text[], %(specs)s::text[]) AS g (name, spec)
+ORDER BY name COLLATE "C"
 ON CONFLICT (name) DO NOTHING;
 
 -- name: missing_gates

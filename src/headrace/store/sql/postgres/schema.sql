@@ -99,7 +99,8 @@ CREATE TABLE gates (
     rate_limited           bigint             NOT NULL DEFAULT 0,
     peak_in_flight         integer            NOT NULL DEFAULT 0,
     first_blocked_at       double precision,
-    unstarted              integer            NOT NULL DEFAULT 0  -- starts not stamped yet
+    unstarted              integer            NOT NULL DEFAULT 0,  -- starts not stamped yet
+    spec                   text  -- the declaration it comes from: its name, or its template's
 );
 
 -- Each flow's finish tag (where its next task's start tag begins) and when it was last served

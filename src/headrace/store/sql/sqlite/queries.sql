@@ -396,12 +396,13 @@ SELECT * FROM gates WHERE name IN (SELECT value FROM json_each(:names)) ORDER BY
 SELECT * FROM gates WHERE name IN (SELECT value FROM json_each(:names)) ORDER BY name;
 
 -- name: add_gates
--- Rows for gates asked for the first time.
+-- Rows for gates asked for the first time, each with the declaration it comes from (parallel JSON arrays).
 INSERT OR IGNORE INTO gates (
     name, in_flight, starts, granted, blocked_by_token, blocked_by_concurrency, rate_limited,
-    peak_in_flight
+    peak_in_flight, spec
 )
-SELECT value, 0, '[]', 0, 0, 0, 0, 0 FROM json_each(:names);
+SELECT value, 0, '[]', 0, 0, 0, 0, 0, json_extract(:specs, '$[' || key || ']')
+FROM json_each(:names);
 
 -- name: missing_gates
 -- Which of these gates have no row yet.

@@ -89,7 +89,8 @@ CREATE TABLE gates (
     blocked_by_concurrency INTEGER NOT NULL,
     rate_limited           INTEGER NOT NULL,
     peak_in_flight         INTEGER NOT NULL,
-    first_blocked_at       REAL, unstarted INTEGER NOT NULL DEFAULT 0  -- starts not stamped yet
+    first_blocked_at       REAL, unstarted INTEGER NOT NULL DEFAULT 0,  -- starts not stamped yet
+    spec TEXT  -- the declaration it comes from: its name, or its template's (`session:*`)
 ) WITHOUT ROWID;
 
 -- Each flow's finish tag (where its next task's start tag begins) and when it was last served
