@@ -165,13 +165,21 @@ class Server:
 
 
 @contextlib.contextmanager
-def running(directory: Path, targets: Sequence[str], token: str, every: float) -> Iterator[Server]:
-    """Prometheus scraping `targets` (host:port) every `every` seconds with an admin token."""
+def running(
+    directory: Path, targets: Sequence[str], token: str, every: float, rules: Path
+) -> Iterator[Server]:
+    """Prometheus scraping `targets` (host:port) every `every` seconds with an admin token, and
+    evaluating `rules` as often."""
     interval = f"{int(every * 1000)}ms"
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "token").write_text(token)
     config = {
-        "global": {"scrape_interval": interval, "scrape_timeout": interval},
+        "global": {
+            "scrape_interval": interval,
+            "scrape_timeout": interval,
+            "evaluation_interval": interval,
+        },
+        "rule_files": [str(rules)],
         "scrape_configs": [
             {
                 "job_name": JOB,
