@@ -76,7 +76,7 @@ from headrace.store.ages import ReadyAges
 from headrace.store.types import AttemptOutcome, StageStats, TaskState
 
 EXPORTER = "metrics"  # the named lease of the process that exports the store-wide series
-LEASE = 120.0  # seconds: longer than any scrape interval (Prometheus's default is 60 s)
+LEASE = 120.0  # seconds: twice Prometheus's default scrape interval
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 AGE_BUCKETS = (
     *(1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 75.0, 90.0),
