@@ -48,7 +48,7 @@ class Row:
     kind: str
     group: str | None
     state: TaskState
-    since: float  # when it became ready, or was created
+    since: float  # when it last became ready to run (store/ages.py), or was created
 
 
 class Plain(Protocol):

@@ -1305,3 +1305,60 @@ async def test_a_fence_refuses_a_lost_lease_and_changes_nothing(
     clock.advance(1.0)
     with pytest.raises(LeaseLost):
         await store.fence(granted[1])  # its lease ran out: the call must not go
+
+
+# -- named leases
+
+
+async def test_a_named_lease_has_one_holder_until_it_runs_out(
+    store: Store, clock: ManualClock
+) -> None:
+    assert await store.take_lease("metrics", "a", lease_for=30.0)
+    assert not await store.take_lease("metrics", "b", lease_for=30.0)
+    assert await store.take_lease("other", "b", lease_for=30.0)  # each name its own
+    clock.advance(20.0)
+    assert await store.take_lease("metrics", "a", lease_for=30.0)  # renewed: until 50 s on
+    clock.advance(29.0)
+    assert not await store.take_lease("metrics", "b", lease_for=30.0)
+    clock.advance(1.0)  # a was not heard from: its lease ran out
+    assert await store.take_lease("metrics", "b", lease_for=30.0)
+    assert not await store.take_lease("metrics", "a", lease_for=30.0)
+
+
+async def test_two_store_instances_share_a_named_lease(
+    store: Store, reopen: Callable[[], Store], clock: ManualClock
+) -> None:
+    other = reopen()
+    await other.open(Settings(gates=GATES))
+    try:
+        assert await store.take_lease("metrics", "process-1", lease_for=30.0)
+        assert not await other.take_lease("metrics", "process-2", lease_for=30.0)
+        clock.advance(30.0)
+        assert await other.take_lease("metrics", "process-2", lease_for=30.0)
+        assert not await store.take_lease("metrics", "process-1", lease_for=30.0)
+    finally:
+        await other.close()
+
+
+async def test_a_store_that_does_not_declare_a_gate_reports_it_under_its_declaration(
+    store: Store, reopen: Callable[[], Store]
+) -> None:
+    """`headrace serve` beside workers of another app: their gates are in its statistics, a
+    template's gates under the template's name, with no cap or rate it could not know."""
+    await store.submit([task("a", gates=("session:s1",)), task("b", gates=("session:s1",))])
+    assert refs(await claim(store, 2)) == ["a"]  # session:* holds one at a time
+    [own] = await store.gate_statistics()
+    other = reopen()
+    await other.open(Settings())  # declares no gate
+    try:
+        [found] = await other.gate_statistics()
+    finally:
+        await other.close()
+    assert (own.declared, own.concurrency) == ("session:*", 1)
+    assert (found.name, found.declared, found.concurrency, found.rate) == (
+        "session:s1",
+        "session:*",
+        None,
+        None,
+    )
+    assert (found.granted, found.in_flight, found.blocked_by_concurrency) == (1, 1, 1)

@@ -343,7 +343,7 @@ def stages(rows: list[Row], now: float) -> list[StageStats]:
     for kind in sorted({row.kind for row in rows if row.state in ACTIVE}):
         of = Counter(row.state for row in rows if row.kind == kind)
         ready = [row.since for row in rows if row.kind == kind and row.state is TaskState.READY]
-        oldest = now - min(ready) if ready else None
+        oldest = max(0.0, now - min(ready)) if ready else None  # 0 until a retry's run_at
         waiting = (of[TaskState.PENDING], of[TaskState.READY])
         active = (of[TaskState.RUNNING], of[TaskState.WAITING])
         found.append(StageStats(kind, *waiting, *active, oldest_ready_age=oldest))
@@ -361,8 +361,8 @@ def ready_ages(rows: list[Row], now: float) -> dict[str, ReadyAges]:
         newest = rest[-SAMPLE:]
         found[kind] = ReadyAges(
             len(queue),
-            tuple(now - since for since, _ in oldest),
-            tuple(now - since for since, _ in newest),
+            tuple(max(0.0, now - since) for since, _ in oldest),
+            tuple(max(0.0, now - since) for since, _ in newest),
         )
     return found
 

@@ -158,6 +158,7 @@ async def test_migrating_from_empty_gives_the_declared_schema(
         "ledger",
         "group_rollup",
         "pruner",
+        "leases",
         "kind_tally",
         "group_tally",
         "attempt_tally",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from headrace.policy import ConfigError, KeyConflict, StoreError
+from headrace.policy import ConfigError, KeyConflict, ManualClock, StoreError
 from headrace.policy.errors import SchemaTooNew
 from headrace.store import sql
 from headrace.store.sqlite import SQLiteStore
@@ -179,7 +179,9 @@ def test_a_stages_ready_tasks_are_read_in_order_from_its_index(
     found = {name: rows for name, _, rows in plans(migrated, queries)}
     for name in ("oldest_ready", "newest_ready", "stage_stats"):
         details = [detail for *_, detail in found[name]]
-        assert any("USING INDEX tasks_queued_by_kind" in d for d in details), (name, details)
+        # covering (oldest_ready, newest_ready): the index holds `ready_since` itself
+        used = re.compile(r"USING (COVERING )?INDEX tasks_queued_by_kind\b")
+        assert any(used.search(d) for d in details), (name, details)
         sorted_reads = [d for d in details if "TEMP B-TREE FOR ORDER BY" in d]
         # stage_stats sorts its few rows by kind, outside the read of tasks
         assert len(sorted_reads) == (1 if name == "stage_stats" else 0), (name, details)
@@ -381,6 +383,37 @@ async def test_tasks_stored_before_the_tallies_are_counted_by_the_upgrade(tmp_pa
         AttemptOutcome.WAITING: 1,
     }
     assert stages == [("render", 1, 0, 0, 1), ("scan", 0, 1, 1, 0)]
+
+
+@pytest.mark.anyio
+async def test_ready_tasks_stored_before_ready_since_count_from_their_last_move(
+    tmp_path: Path,
+) -> None:
+    """Migration 15 dates each ready task from when it last became ready: a task redriven
+    (run_at set then, ready_since left at its first readiness) reads its age from the redrive."""
+    path = tmp_path / "older.db"
+    connection = connect(path, 1.0, sql.load_queries(QUERIES))
+    for migration in sql.load_migrations(MIGRATIONS)[:14]:
+        for statement in migration.statements:
+            connection.execute(statement)
+    connection.execute("PRAGMA user_version = 14")
+    for n, (created, since, run_at) in enumerate(((100, 100, 1300), (1000, 1000, 1000)), 1):
+        connection.execute(
+            "INSERT INTO tasks (id, kind, ref, gates, gate_key, flow, tier, submitted_tier,"
+            " cost, state, max_attempts, tag, created_at, run_at, ready_since)"
+            " VALUES (?, 'scan', ?, '[]', '', 'f', 1, 1, 1, 'ready', 5, ?, ?, ?, ?)",
+            (n, f"r{n}", n, created, run_at, since),
+        )
+    connection.close()
+    store = SQLiteStore(path, clock=ManualClock(1310.0))
+    await store.open(Settings())
+    try:
+        [stage] = await store.stages()
+        ages = (await store.ready_ages())["scan"]
+    finally:
+        await store.close()
+    assert stage.oldest_ready_age == 310.0
+    assert (ages.oldest, ages.newest) == ((310.0, 10.0), ())
 
 
 def test_no_query_reads_a_parameter_array_once_per_row(

@@ -116,6 +116,18 @@ def resolve(name: str, configs: Mapping[str, GateConfig]) -> GateConfig:
     raise UnknownGate(name)
 
 
+def declared_as(name: str, configs: Mapping[str, GateConfig]) -> str | None:
+    """The declaration gate `name` comes from: its own name, or its template's (`session:*`
+    for `session:s1`); None for a gate no spec matches."""
+    config = find(name, configs)
+    if config is None or name in configs:
+        return None if config is None else name
+    prefix, _, _ = name.rpartition(":")
+    while prefix + TEMPLATE_SUFFIX not in configs:
+        prefix, _, _ = prefix.rpartition(":")
+    return prefix + TEMPLATE_SUFFIX
+
+
 def find(name: str, configs: Mapping[str, GateConfig]) -> GateConfig | None:
     """`resolve`, or None for a gate no spec matches (one this process does not declare)."""
     try:
@@ -158,6 +170,10 @@ class GateStatistics:
     peak_in_flight: int
     penalized_until: float | None
     first_blocked_at: float | None = field(default=None)
+    # the declaration it comes from (a template's name for one of its gates), as any process
+    # sharing the store declared it; None when the store does not know (a gate used before
+    # stores kept it). `concurrency` and `rate` are None for a gate this process does not declare.
+    declared: str | None = field(default=None)
 
 
 def check(config: GateConfig, state: GateState, now: float) -> Refusal | None:
@@ -230,7 +246,9 @@ def next_admission(config: GateConfig, state: GateState, now: float) -> float | 
     return rating.next_admission(counted, state.starts, now, state.penalized_until, state.unstarted)
 
 
-def statistics(config: GateConfig, state: GateState, now: float) -> GateStatistics:
+def statistics(
+    config: GateConfig, state: GateState, now: float, declared: str | None = None
+) -> GateStatistics:
     penalized = state.penalized_until if state.penalized_until > now else None
     return GateStatistics(
         name=config.name,
@@ -244,6 +262,7 @@ def statistics(config: GateConfig, state: GateState, now: float) -> GateStatisti
         peak_in_flight=state.peak_in_flight,
         penalized_until=penalized,
         first_blocked_at=state.first_blocked_at,
+        declared=declared,
     )
 
 

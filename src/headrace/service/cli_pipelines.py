@@ -323,6 +323,16 @@ def demo_moderation(
     show_default=True,
     help="How long a moderator may undo a decision; after it, only an admin changes it.",
 )
+@click.option(
+    "--metrics-lease",
+    default="2m",
+    show_default=True,
+    envvar="HEADRACE_METRICS_LEASE",
+    show_envvar=True,
+    help="How long a scrape of /metrics makes this process the one that exports the store's "
+    "figures: more than Prometheus's scrape interval (another process takes over once it ran "
+    "out).",
+)
 @admission_options
 @memory_option
 @retention_option
@@ -341,6 +351,7 @@ def serve(
     notify_secret: str | None,
     claim_ttl: str,
     undo_window: str,
+    metrics_lease: str,
     per_event: int,
     per_session: int,
     stage_bound: int,
@@ -367,6 +378,7 @@ def serve(
         secure_cookies=secure_cookies,
         allowed_hosts=allowed_hosts,
         media_delivery=media_delivery,
+        metrics_lease=lease_seconds(metrics_lease),
     )
     serve_api(moderation, ServeOptions(host, port, workers, settings, relay, memory))
 
@@ -384,6 +396,14 @@ def review_rules(claim_ttl: str, undo_window: str) -> ReviewRules:
         except ConfigError as error:
             raise WrongInput(f"{option}: {str(error).split(': ', 1)[1]}") from None
     return ReviewRules(claim_ttl=ttl, undo_window=window)
+
+
+def lease_seconds(given: str) -> float:
+    """`--metrics-lease` in seconds; a bad one named by its option."""
+    lease = option_seconds(given, "--metrics-lease")
+    if not 1 <= lease <= 3600:
+        raise click.BadParameter("expected 1s to 1h", param_hint="--metrics-lease")
+    return lease
 
 
 def check_media(media: MediaStore) -> None:

@@ -1,5 +1,12 @@
 """How long a stage's ready tasks have waited, from a bounded sample (`ReadyAges`).
 
+A task's ready age counts from when it last became ready to run: submitted ready, its last
+dependency done, a lost lease, a redrive, or a retry's or a deferral's `run_at` once it comes
+(a task backing off is not ready to run before it: its age is 0 until then). Time spent pending,
+running, waiting on a remote job, dead or backing off is never part of it. Every transition
+into `ready` sets the task's `ready_since` by `ready_since` below (in SQL, for dependents made
+ready by a success: the same rule, `max(now, run_at)`).
+
 A scrape cannot read the age of every one of a million ready tasks. A store reads a stage's
 ready count from its tally and, from its (kind, state, ready since) index, the ages of its
 `AGE_SAMPLE` oldest and `AGE_SAMPLE` newest ready tasks. Every other ready task of the stage
@@ -19,6 +26,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 AGE_SAMPLE = 250  # ready tasks read at each end of a stage's queue, at most
+
+
+def ready_since(now: float, run_at: float) -> float:
+    """When a task made ready at `now` to run at `run_at` counts as ready from."""
+    return max(now, run_at)
+
+
+def age(now: float, since: float) -> float:
+    """A ready task's age at `now`: 0 while its `run_at` has not come."""
+    return max(0.0, now - since)
 
 
 @dataclass(frozen=True)

@@ -323,3 +323,12 @@ class Store(Protocol):
     async def pruner_state(self) -> PrunerState | None:
         """The pruner's lease row, or None before the first run."""
         ...
+
+    # -- named leases
+
+    async def take_lease(self, name: str, holder: str, *, lease_for: float) -> bool:
+        """Hold the lease `name` for `lease_for` seconds of the store's clock: renewed when
+        `holder` holds it, taken when nobody does (never taken, or run out); False when another
+        holds it. One process at a time does what the name says (`metrics`: the store-wide
+        figures of /metrics)."""
+        ...

@@ -26,7 +26,6 @@ from headrace.policy.errors import (
     HeadraceError,
     LeaseLost,
     QueueFull,
-    UnknownGate,
     UnknownTask,
 )
 from headrace.policy.gate import GateConfig, GateState, GateStatistics
@@ -34,7 +33,7 @@ from headrace.policy.poison import Expiry
 from headrace.policy.tiers import AGING_CEILING, aged_tier
 from headrace.store import bounds as stage_bounds
 from headrace.store import idempotency
-from headrace.store.ages import AGE_SAMPLE, ReadyAges
+from headrace.store.ages import AGE_SAMPLE, ReadyAges, age, ready_since
 from headrace.store.dispatch import (
     GateBook,
     KindBudget,
@@ -216,7 +215,7 @@ class MemoryStore(MemoryPruning):
             tag=tagged.start,
             created_at=now,
             run_at=now + task.delay,
-            ready_since=None if unmet else now,
+            ready_since=None if unmet else ready_since(now, now + task.delay),
             memory=task.memory,
         )
         self._put(record)
@@ -609,6 +608,7 @@ class MemoryStore(MemoryPruning):
                 task,
                 state=TaskState.READY,
                 run_at=now + DEFER_DELAY,
+                ready_since=ready_since(now, now + DEFER_DELAY),
                 worker=None,
                 lease_until=None,
                 error_code=STAGE_FULL,
@@ -642,6 +642,7 @@ class MemoryStore(MemoryPruning):
                     task,
                     state=TaskState.READY,
                     run_at=now + outcome.delay,
+                    ready_since=ready_since(now, now + outcome.delay),
                     worker=None,
                     lease_until=None,
                     remote_id=None,
@@ -690,7 +691,8 @@ class MemoryStore(MemoryPruning):
             self._unmet[dependent] -= 1
             record = self._tasks[dependent]
             if self._unmet[dependent] == 0 and record.state is TaskState.PENDING:
-                self._put(replace(record, state=TaskState.READY, ready_since=now))
+                since = ready_since(now, record.run_at)
+                self._put(replace(record, state=TaskState.READY, ready_since=since))
 
     def _bury(self, task: TaskRecord, now: float, code: str) -> None:
         self._release(task.id, now)
@@ -801,7 +803,7 @@ class MemoryStore(MemoryPruning):
                     task,
                     state=TaskState.READY,
                     run_at=now,
-                    ready_since=task.ready_since if task.ready_since is not None else now,
+                    ready_since=ready_since(now, now),
                     attempt_base=task.attempt,
                     expiries=0,
                     solo=False,
@@ -875,6 +877,7 @@ class MemoryStore(MemoryPruning):
                 task,
                 state=TaskState.READY,
                 run_at=now,
+                ready_since=ready_since(now, now),
                 worker=None,
                 lease_until=None,
                 error_code=LEASE_EXPIRED,
@@ -942,7 +945,7 @@ class MemoryStore(MemoryPruning):
 
     def _oldest_ready_age(self, kind: str, now: float) -> float | None:
         ready = self._ready_since.get(kind)
-        return now - min(ready.values()) if ready else None
+        return age(now, min(ready.values())) if ready else None
 
     async def ready_ages(
         self, *, kinds: Collection[str] | None = None, sample: int = AGE_SAMPLE
@@ -957,8 +960,8 @@ class MemoryStore(MemoryPruning):
             newest = heapq.nlargest(max(0, min(sample, len(queue) - sample)), queue)
             ages[kind] = ReadyAges(
                 len(queue),
-                tuple(now - since for since, _ in oldest),
-                tuple(now - since for since, _ in reversed(newest)),
+                tuple(age(now, since) for since, _ in oldest),
+                tuple(age(now, since) for since, _ in reversed(newest)),
             )
         return ages
 
@@ -985,11 +988,9 @@ class MemoryStore(MemoryPruning):
         now = self.clock.now()
         stats = []
         for name, state in sorted(self._gates.items()):
-            try:
-                config = gating.resolve(name, self._configs)
-            except UnknownGate:
-                continue  # state kept for a gate this app no longer declares
-            stats.append(gating.statistics(config, state, now))
+            config = gating.find(name, self._configs) or GateConfig(name)
+            declared = gating.declared_as(name, self._configs)
+            stats.append(gating.statistics(config, state, now, declared))
         return stats
 
     def active(self) -> int:

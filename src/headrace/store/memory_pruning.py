@@ -52,6 +52,7 @@ class MemoryPruning(MemoryRecords):
         super().__init__()
         self._rollup: Counter[tuple[str, TaskState]] = Counter()  # pruned tasks per group
         self._pruner: PrunerState | None = None
+        self._leases: dict[str, tuple[str, float]] = {}  # by name: holder, until
 
     async def prune(self, retention: Retention, *, dry_run: bool = False) -> Pruned:
         batches: list[Batch] = []
@@ -165,6 +166,16 @@ class MemoryPruning(MemoryRecords):
 
     async def pruner_state(self) -> PrunerState | None:
         return self._pruner
+
+    # -- named leases
+
+    async def take_lease(self, name: str, holder: str, *, lease_for: float) -> bool:
+        now = self.clock.now()
+        held_by, until = self._leases.get(name, (holder, now))
+        if held_by != holder and until > now:
+            return False
+        self._leases[name] = (holder, now + lease_for)
+        return True
 
 
 def _revivable(task: TaskRecord) -> bool:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from headrace.policy.errors import ErrorClass
 from headrace.policy.gate import GateState
 from headrace.policy.tiers import Tier
+from headrace.store.ages import age
 from headrace.store.types import Attempt, AttemptOutcome, StageStats, TaskRecord, TaskState
 
 _new_record = object.__new__
@@ -244,7 +245,7 @@ def stage_of(row: Row, now: float) -> StageStats:
         ready=int(row["ready"]),
         running=int(row["running"]),
         waiting=int(row["waiting"]),
-        oldest_ready_age=None if oldest is None else now - float(oldest),
+        oldest_ready_age=None if oldest is None else age(now, float(oldest)),
     )
 
 

@@ -304,6 +304,9 @@ class PruneVerbs:
     async def pruner_state(self: Transacts) -> PrunerState | None:
         return await self._read(lambda tx: tx.pruner_state())
 
+    async def take_lease(self: Transacts, name: str, holder: str, *, lease_for: float) -> bool:
+        return await self._write(lambda tx: tx.take_lease(name, holder, lease_for))
+
 
 async def _prune_step(
     plan: pruning.Plan, after: Mark, limit: int, dry_run: bool, tx: Transaction

@@ -171,8 +171,9 @@ def _add_operations(api: FastAPI) -> None:
     )
     async def prometheus(svc: TheService, who: Caller) -> Response:
         await require(svc, who, Role.ADMIN, action="metrics.read")
-        taken = await metrics.snapshot(svc.moderation.app)
-        return Response(metrics.render(taken), media_type="text/plain; version=0.0.4")
+        lease = svc.settings.metrics_lease
+        found = await metrics.scrape(svc.moderation.app, svc.name, lease_for=lease)
+        return Response(found, media_type=metrics.CONTENT_TYPE)
 
 
 async def unready(svc: Service) -> list[str]:

@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException
 from headrace.pipelines.moderation.pipeline import Moderation
 from headrace.policy.errors import ConfigError
 from headrace.policy.text import text_problem
-from headrace.service.api import auth
+from headrace.service.api import auth, metrics
 from headrace.service.api.auth import Principal, Role
 from headrace.store.base import Store
 from headrace.store.records import Audit
@@ -48,7 +48,9 @@ class ApiSettings:
     (on behind a TLS proxy; off for plain http on localhost). `allowed_hosts`: the names the
     service answers for, on any port (`host_names`); empty, any. `media_delivery`: how a
     preview kept in a bucket reaches the browser, by a redirect to a URL signed for that
-    request or streamed through the service (a directory's previews are files it sends)."""
+    request or streamed through the service (a directory's previews are files it sends).
+    `metrics_lease`: seconds a scrape holds the lease of the process that exports the
+    store-wide series (api/metrics.py): more than the scrape interval."""
 
     webhook_secrets: Mapping[str, str] = field(default_factory=dict)
     webhook_window: float = 300.0
@@ -56,6 +58,7 @@ class ApiSettings:
     secure_cookies: bool = False
     allowed_hosts: tuple[str, ...] = ()
     media_delivery: Delivery = "redirect"
+    metrics_lease: float = metrics.LEASE
 
     def __post_init__(self) -> None:
         # Kept in the form requests are compared in: lowercase, an IPv6 address unbracketed.
@@ -66,6 +69,8 @@ class ApiSettings:
             raise ConfigError("retry_after: expected 1 to 3600 seconds")
         if self.media_delivery not in get_args(Delivery):
             raise ConfigError("media_delivery: expected 'redirect' or 'stream'")
+        if not 1 <= self.metrics_lease <= 3600:
+            raise ConfigError("metrics_lease: expected 1 to 3600 seconds")
         for provider, secret in self.webhook_secrets.items():
             if len(secret) < 16:
                 raise ConfigError(f"webhook secret of {provider!r}: expected 16 characters or more")
@@ -112,6 +117,8 @@ class Service:
     # Set when the server was told to stop (SIGTERM): requests in flight finish, and /readyz
     # says to send no more.
     draining: bool = False
+    # This process among those sharing the store, as it holds the exporter's lease of /metrics.
+    name: str = field(default_factory=metrics.process_name)
 
     @property
     def store(self) -> Store:

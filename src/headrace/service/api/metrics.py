@@ -1,15 +1,31 @@
-"""`GET /metrics`: the store's view in Prometheus text format, read at each scrape.
+"""`GET /metrics`: Prometheus text format, read at each scrape.
 
-Every figure comes from the store, so one scrape of any API process says the same as another,
-whatever process ran the work. Labels are stage names, cost classes, task states and gate
-names (gates made from a template, one per session say, are summed under the template's name):
-never an id, a token or anything a client sent.
+Two kinds of series. The store-wide ones (stage depths and ages, tasks by state, attempts, gates)
+come from the store, so any API process would read the same figures: were each of M processes
+to export them, `sum(...)` over what Prometheus scraped would read M times the truth, and an
+alert on them would fire once per process. So exactly one process at a time exports them: the
+holder of the store's named lease `metrics` (`Store.take_lease`), taken or renewed by each
+scrape of a process and held for `ApiSettings.metrics_lease` seconds. The holder keeps it while
+Prometheus scrapes it (the lease outlasts the scrape interval); when it stops being scraped (it
+stopped, or its target went away), the first other process scraped after the lease ran out
+takes over. Every process exports its own process-local series besides: the `process_*` ones
+(CPU, memory, open files) and `headrace_metrics_exporter`, 1 on the process that exported the
+store's series in that scrape, else 0. A scrape renews the lease rather than a timer: a process
+nobody scrapes must not hold it, or nobody would see the figures.
+
+So whatever the query (`sum`, `max`, `avg`) and however many processes are scraped, each
+store-wide series exists once: its value is the store's. It carries the exporter's `instance`
+label, which changes when another process takes over; the docs' rules aggregate it away.
+
+Labels are stage names, cost classes, task states and gate names (gates made from a template,
+one per session say, are summed under the template's name): never an id, a token or anything
+a client sent.
 
 | metric | type | labels |
 | --- | --- | --- |
 | `headrace_stage_tasks` | gauge | stage, class, state (pending, ready, running, waiting) |
 | `headrace_stage_oldest_age_seconds` | gauge | stage, class: the oldest ready task's age |
-| `headrace_stage_age_seconds` | gauge histogram | stage, class: ready tasks' ages (sampled) |
+| `headrace_stage_age_seconds` | histogram | stage, class: ready tasks' ages now (sampled) |
 | `headrace_tasks` | gauge | state: every task by state (running, succeeded, dead, ...) |
 | `headrace_attempts_total` | counter | outcome: attempts ended (the failed ones: retry, dead) |
 | `headrace_remote_jobs_unresolved` | gauge | tasks waiting on a remote job |
@@ -17,6 +33,16 @@ never an id, a token or anything a client sent.
 | `headrace_gate_refused_total` | counter | gate, reason (token, cap) |
 | `headrace_gate_rate_limited_total` | counter | gate: rate-limit answers that penalised it |
 | `headrace_gate_in_flight` | gauge | gate: tickets out |
+| `headrace_metrics_exporter` | gauge | none: this process exported the above (1) or not (0) |
+
+Every stage the app declares has its series, 0 while it has no task; so has every gate it
+declares. A ready task's age counts from when it last became ready to run (store/ages.py).
+
+The age histogram describes the ready tasks at the scrape, as a gauge would: read it with
+`histogram_quantile` over its buckets as they are, never through `rate()`. PromQL takes the
+ages within a bucket as spread evenly over it, so its quantile is off the exact one `GET
+/v1/stages` reports by at most the bucket's width: the bounds (`AGE_BUCKETS`) are at most 1.5
+times apart from 5 s to an hour (at most 15 s apart up to 90 s).
 
 The store keeps the counts in tallies and reads the ages from an index, so a scrape costs about
 the same with a thousand tasks as with ten million. The age histogram is built from a bounded
@@ -28,27 +54,49 @@ evenly between the two ends, so a bucket's bound that falls among them is an est
 from __future__ import annotations
 
 import asyncio
+import os
+import secrets
+import socket
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
-    GaugeHistogramMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector
 
-from headrace.policy import gate as gating
 from headrace.policy.gate import GateConfig, GateStatistics
 from headrace.runtime.app import App
 from headrace.store.ages import ReadyAges
 from headrace.store.types import AttemptOutcome, StageStats, TaskState
 
-AGE_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+EXPORTER = "metrics"  # the named lease of the process that exports the store-wide series
+LEASE = 120.0  # seconds: twice Prometheus's default scrape interval
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+AGE_BUCKETS = (
+    *(1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 75.0, 90.0),
+    *(120.0, 150.0, 180.0, 240.0, 300.0, 360.0, 480.0, 600.0, 900.0, 1200.0, 1800.0),
+    *(2700.0, 3600.0),
+)
 STAGE_STATES = ("pending", "ready", "running", "waiting")
+
+
+def process_name() -> str:
+    """This process among those sharing a store, as it holds a lease: its host, its pid and a
+    random part (a pid comes round again)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+async def scrape(app: App, holder: str, *, lease_for: float = LEASE) -> bytes:
+    """One scrape's text: this process's own series, and the store's when `holder` (this
+    process) holds the exporter's lease, which the scrape takes or renews."""
+    exporting = await app.store.take_lease(EXPORTER, holder, lease_for=lease_for)
+    return render(await snapshot(app) if exporting else None)
 
 
 @dataclass(frozen=True)
@@ -60,6 +108,7 @@ class Snapshot:
     gates: Sequence[GateStatistics]
     classes: Mapping[str, str]
     configs: Mapping[str, GateConfig]
+    declared: Sequence[str] = ()  # the app's stages: each has its series, with tasks or not
 
 
 async def snapshot(app: App) -> Snapshot:
@@ -80,7 +129,22 @@ async def snapshot(app: App) -> Snapshot:
         gates=gates,
         classes=app.cost_classes(),
         configs=dict(app.gates),
+        declared=sorted(app.definitions),
     )
+
+
+class ExporterCollector(Collector):
+    """This process's own series beside `process_*`: whether it exported the store's."""
+
+    def __init__(self, exporting: bool) -> None:
+        self.exporting = exporting
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "headrace_metrics_exporter",
+            "1 when this process exported the store-wide series in this scrape, else 0",
+            value=1.0 if self.exporting else 0.0,
+        )
 
 
 class StoreCollector(Collector):
@@ -92,6 +156,13 @@ class StoreCollector(Collector):
         yield from self._tasks()
         yield from self._gates()
 
+    def _every_stage(self) -> list[StageStats]:
+        """The stages with unfinished tasks, and the app's others with none (each at 0)."""
+        found = {stage.kind: stage for stage in self.taken.stages}
+        for kind in self.taken.declared:
+            found.setdefault(kind, StageStats(kind, 0, 0, 0, 0))
+        return [found[kind] for kind in sorted(found)]
+
     def _stages(self) -> Iterator[Metric]:
         taken = self.taken
         depth = GaugeMetricFamily(
@@ -101,21 +172,21 @@ class StoreCollector(Collector):
         )
         oldest = GaugeMetricFamily(
             "headrace_stage_oldest_age_seconds",
-            "Seconds the oldest ready task of a stage has waited",
+            "Seconds the oldest ready task of a stage has been ready to run",
             labels=["stage", "class"],
         )
-        ages = GaugeHistogramMetricFamily(
+        ages = HistogramMetricFamily(
             "headrace_stage_age_seconds",
-            "Seconds each ready task of a stage has waited",
+            "Seconds each ready task of a stage has been ready to run, now (not cumulative)",
             labels=["stage", "class"],
         )
-        for stage in taken.stages:
+        for stage in self._every_stage():
             labels = [stage.kind, taken.classes.get(stage.kind, "")]
             for state in STAGE_STATES:
                 depth.add_metric([*labels, state], getattr(stage, state))
             oldest.add_metric(labels, stage.oldest_ready_age or 0.0)
             waited = taken.ages.get(stage.kind, ReadyAges(0))
-            ages.add_metric(labels, buckets(waited), gsum_value=waited.total())
+            ages.add_metric(labels, buckets(waited), sum_value=waited.total())
         yield depth
         yield oldest
         yield ages
@@ -142,9 +213,10 @@ class StoreCollector(Collector):
 
     def _gates(self) -> Iterator[Metric]:
         totals: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        for name in self.taken.configs:  # declared: each has its series, used or not
+            totals[name] = defaultdict(int)
         for stats in self.taken.gates:
-            name = template_of(stats.name, self.taken.configs)
-            found = totals[name]
+            found = totals[stats.declared or "other"]
             found["granted"] += stats.granted
             found["token"] += stats.blocked_by_token
             found["cap"] += stats.blocked_by_concurrency
@@ -175,18 +247,6 @@ class StoreCollector(Collector):
         yield from (granted, refused, limited, in_flight)
 
 
-def template_of(name: str, configs: Mapping[str, GateConfig]) -> str:
-    """The declared gate a gate's statistics count under (`session:*` for `session:s1`)."""
-    if name in configs:
-        return name
-    prefix, sep, _ = name.rpartition(":")
-    while sep:
-        if prefix + gating.TEMPLATE_SUFFIX in configs:
-            return prefix + gating.TEMPLATE_SUFFIX
-        prefix, sep, _ = prefix.rpartition(":")
-    return "other"
-
-
 def buckets(ages: ReadyAges) -> list[tuple[str, float]]:
     """Cumulative counts per upper bound, as a histogram's `le` buckets (whole tasks: a count
     among the unsampled ages is rounded)."""
@@ -194,7 +254,12 @@ def buckets(ages: ReadyAges) -> list[tuple[str, float]]:
     return [*counted, ("+Inf", float(ages.count))]
 
 
-def render(taken: Snapshot) -> bytes:
+def render(taken: Snapshot | None) -> bytes:
+    """The text of a scrape: this process's series, and the store's when `taken` (this process
+    exports them)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StoreCollector(taken))
+    registry.register(ProcessCollector(registry=None))
+    registry.register(ExporterCollector(taken is not None))
+    if taken is not None:
+        registry.register(StoreCollector(taken))
     return generate_latest(registry)

@@ -10,6 +10,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from headrace.policy import gate as gating
 from headrace.policy.clock import Clock
 from headrace.policy.errors import (
     StoreError,
@@ -139,7 +140,7 @@ class GateRows:
         await self._load(query, names, clock=clock)
         missing = [name for name in names if name not in self.states]
         if missing:  # first use: create the rows, then lock them
-            await self._tx.run("add_gates", names=missing)
+            await self._tx.add_gates(missing)
             await self._load(query, missing, clock=clock)
 
     async def _load(self, query: str, names: Sequence[str], *, clock: bool) -> None:
@@ -161,7 +162,7 @@ class GateRows:
         found = await self._tx.rows("missing_gates", names=list(names))
         missing = [row["name"] for row in found]
         if missing:
-            await self._tx.run("add_gates", names=missing)
+            await self._tx.add_gates(missing)
         return bool(missing)
 
     def get(self, name: str) -> GateState:
@@ -246,6 +247,12 @@ class Steps:
 
     async def run(self, query: str, /, **params: object) -> None:
         await self.send(query, **params)
+
+    async def add_gates(self, names: list[str]) -> None:
+        """Rows for gates used for the first time, each with the declaration it comes from (so
+        a process that does not declare it reports it under that name)."""
+        specs = [gating.declared_as(name, self.configs) for name in names]
+        await self.run("add_gates", names=names, specs=specs)
 
     async def run_many(self, query: str, rows: Iterable[Mapping[str, object]]) -> None:
         await self.driver.run_many(query, [{"now": self.now, **row} for row in rows])

@@ -20,6 +20,7 @@ from headrace.policy.errors import (
 from headrace.policy.gate import GateConfig
 from headrace.policy.poison import Expiry
 from headrace.store import idempotency
+from headrace.store.ages import ready_since
 from headrace.store.machine.submit import Submission
 from headrace.store.rows import (
     holds,
@@ -223,7 +224,14 @@ class Outcomes(Submission):
         error = AttemptError.of(ErrorClass.TRANSIENT, STAGE_FULL, str(full))
         await self.endattempt_of(task, AttemptOutcome.DEFERRED, error)
         await self.release(task.id)
-        await self.run("mark_deferred", id=task.id, run_at=self.now + DEFER_DELAY, code=STAGE_FULL)
+        run_at = self.now + DEFER_DELAY
+        await self.run(
+            "mark_deferred",
+            id=task.id,
+            run_at=run_at,
+            ready_since=ready_since(self.now, run_at),
+            code=STAGE_FULL,
+        )
 
     async def retry(self, task: TaskRecord, outcome: Retry) -> None:
         await self.lock_gates_for(task, outcome.penalize)
@@ -235,6 +243,7 @@ class Outcomes(Submission):
             "mark_retry",
             id=task.id,
             run_at=run_at,
+            ready_since=ready_since(self.now, run_at),
             code=outcome.error.code,
             uncounted=not outcome.counted,
         )
@@ -272,7 +281,8 @@ class Outcomes(Submission):
     ) -> list[int]:
         redriven: list[int] = []
         for found in await self.rows("dead_letters", ids=ids, grp=group, kind=kind):
-            if await self.row("redrive_task", id=found["id"]) is not None:
+            since = ready_since(self.now, self.now)  # not a moment of its time dead counts
+            if await self.row("redrive_task", id=found["id"], ready_since=since) is not None:
                 redriven.append(int(found["id"]))
                 await self.restore_dependents(int(found["id"]))
         self.wake = self.wake or bool(redriven)
@@ -326,7 +336,13 @@ class Outcomes(Submission):
             return
         await self.release(task.id)
         solo = found is Expiry.SOLO
-        await self.run("requeue_expired", id=task.id, code=LEASE_EXPIRED, solo=solo)
+        await self.run(
+            "requeue_expired",
+            id=task.id,
+            code=LEASE_EXPIRED,
+            solo=solo,
+            ready_since=ready_since(self.now, self.now),
+        )
 
 
 def _declared(

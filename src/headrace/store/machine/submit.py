@@ -16,6 +16,7 @@ from headrace.policy.errors import (
 from headrace.policy.gate import GateConfig
 from headrace.store import bounds as stage_bounds
 from headrace.store import idempotency
+from headrace.store.ages import ready_since
 from headrace.store.dispatch import gate_key
 from headrace.store.machine.core import Json
 from headrace.store.machine.tickets import Tickets
@@ -288,7 +289,7 @@ def _insert_params(planned: Sequence[Planned], now: float) -> Json:
                 "state": (TaskState.PENDING if p.unmet else TaskState.READY).value,
                 "tag": p.tag,
                 "run_at": now + p.task.delay,
-                "ready_since": None if p.unmet else now,
+                "ready_since": None if p.unmet else ready_since(now, now + p.task.delay),
                 "unmet": len(p.unmet),
             }
             for p in planned

@@ -20,11 +20,8 @@ sends them with the next statement whose rows are read."""
 from __future__ import annotations
 
 from headrace.policy import gate as gating
-from headrace.policy.errors import (
-    UnknownGate,
-)
-from headrace.policy.gate import GateStatistics
-from headrace.store.ages import ReadyAges
+from headrace.policy.gate import GateConfig, GateStatistics
+from headrace.store.ages import ReadyAges, age
 from headrace.store.machine.claim import Claiming
 from headrace.store.machine.core import Pending
 from headrace.store.machine.pruning import PruneSteps
@@ -102,7 +99,7 @@ class Transaction(Claiming, RecordSteps, PruneSteps):
         """The ages of an array of times a task became ready, longest wait first."""
         found = await sent.fetchone()
         since = [] if found is None else found["since"]
-        return tuple(sorted((self.now - float(at) for at in since), reverse=True))
+        return tuple(sorted((age(self.now, float(at)) for at in since), reverse=True))
 
     async def attempt_counts(self) -> dict[AttemptOutcome, int]:
         found = await self.rows("attempt_outcomes")
@@ -124,12 +121,21 @@ class Transaction(Claiming, RecordSteps, PruneSteps):
         total = sum(by_state.values())
         return GroupReport(group, total, by_state, cost, failures)
 
+    # -- named leases
+
+    async def take_lease(self, name: str, holder: str, lease_for: float) -> bool:
+        """Hold the lease `name` for `lease_for` seconds: if `holder` holds it already, or
+        nobody does (never taken, or run out)."""
+        until = self.now + lease_for
+        return bool(await self.rows("take_lease", name=name, holder=holder, until=until))
+
     async def gate_statistics(self) -> list[GateStatistics]:
+        """Every gate in the store, whichever process declared it: one this process does not
+        declare is reported under the declaration its row names, with no cap or rate."""
         stats: list[GateStatistics] = []
         for found in await self.rows("all_gates"):
-            try:
-                config = gating.resolve(found["name"], self.configs)
-            except UnknownGate:
-                continue  # declared by another process sharing the store, not by this one
-            stats.append(gating.statistics(config, gate_state_of(found), self.now))
+            name = found["name"]
+            config = gating.find(name, self.configs) or GateConfig(name)
+            declared = gating.declared_as(name, self.configs) or found["spec"]
+            stats.append(gating.statistics(config, gate_state_of(found), self.now, declared))
         return sorted(stats, key=lambda s: s.name)

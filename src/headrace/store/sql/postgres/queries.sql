@@ -131,7 +131,8 @@ GROUP BY kind;
 -- name: mark_deferred
 -- A success a full stage had no room for: ready again at run_at, that attempt not counted.
 UPDATE tasks
-SET state = 'ready', run_at = %(run_at)s::double precision, worker = NULL, lease_until = NULL,
+SET state = 'ready', run_at = %(run_at)s::double precision,
+    ready_since = %(ready_since)s::double precision, worker = NULL, lease_until = NULL,
     error_code = %(code)s::text, attempt_base = attempt_base + 1
 WHERE id = %(id)s::bigint;
 
@@ -191,7 +192,7 @@ ORDER BY id;
 -- Re-enqueue a dead task with a fresh attempt budget; no row if it is no longer dead.
 UPDATE tasks
 SET state = 'ready', run_at = %(now)s::double precision,
-    ready_since = coalesce(ready_since, %(now)s::double precision),
+    ready_since = %(ready_since)s::double precision,
     attempt_base = attempt, expiries = 0, solo = false, error_code = NULL, finished_at = NULL
 WHERE id = %(id)s::bigint AND state = 'dead'
 RETURNING id;
@@ -275,8 +276,9 @@ WITH batch AS (
         id, kind, ref, gates, gate_key, flow, grp, tier, submitted_tier, cost, state,
         max_attempts, tag, created_at, run_at, ready_since, memory
     )
+    -- ready from its run_at (ages.ready_since: a delay is never negative)
     SELECT id, kind, ref, gates, gate_key, flow, grp, tier, tier, cost, 'ready', max_attempts,
-           tag, now, now + delay, now, memory
+           tag, now, now + delay, now + delay, memory
     FROM tagged
     ORDER BY id
 )
@@ -306,7 +308,8 @@ WHERE id = %(id)s::bigint;
 -- name: requeue_expired
 -- A lost lease makes the task ready again at once (`solo`: to run alone, that attempt uncounted).
 UPDATE tasks
-SET state = 'ready', run_at = %(now)s::double precision, worker = NULL, lease_until = NULL,
+SET state = 'ready', run_at = %(now)s::double precision,
+    ready_since = %(ready_since)s::double precision, worker = NULL, lease_until = NULL,
     error_code = %(code)s::text, expiries = expiries + 1, solo = solo OR %(solo)s::boolean,
     attempt_base = attempt_base + %(solo)s::boolean::integer,
     lost_by = worker, lost_at = %(now)s::double precision
@@ -523,9 +526,10 @@ WHERE task_id = %(task_id)s::bigint AND gate = ANY(%(gates)s::text[]) AND NOT st
 DELETE FROM tickets WHERE task_id = %(task_id)s::bigint;
 
 -- name: add_gates
--- Rows for gates asked for the first time, in name order (the order every writer locks gates in).
-INSERT INTO gates (name)
-SELECT name FROM unnest(%(names)s::text[]) AS g (name) ORDER BY name COLLATE "C"
+-- Rows for gates asked for the first time, each with the declaration it comes from (parallel arrays), in name order (the order every writer locks gates in).
+INSERT INTO gates (name, spec)
+SELECT name, spec FROM unnest(%(names)s::text[], %(specs)s::text[]) AS g (name, spec)
+ORDER BY name COLLATE "C"
 ON CONFLICT (name) DO NOTHING;
 
 -- name: missing_gates
@@ -616,8 +620,10 @@ WITH ended AS (
     UPDATE tasks
     SET unmet = unmet - 1,
         state = CASE WHEN unmet = 1 AND state = 'pending' THEN 'ready' ELSE state END,
+        -- ready from now, or from its run_at when later (ages.ready_since)
         ready_since = CASE
-            WHEN unmet = 1 AND state = 'pending' THEN %(now)s::double precision
+            WHEN unmet = 1 AND state = 'pending'
+            THEN greatest(%(now)s::double precision, run_at)
             ELSE ready_since
         END
     WHERE id = ANY(ARRAY(SELECT task_id FROM task_deps WHERE dep_id = %(id)s::bigint))
@@ -651,7 +657,8 @@ WITH ended AS (
     SET unmet = t.unmet - met.n,
         state = CASE WHEN t.unmet = met.n AND t.state = 'pending' THEN 'ready' ELSE t.state END,
         ready_since = CASE
-            WHEN t.unmet = met.n AND t.state = 'pending' THEN %(now)s::double precision
+            WHEN t.unmet = met.n AND t.state = 'pending'
+            THEN greatest(%(now)s::double precision, t.run_at)
             ELSE t.ready_since
         END
     FROM met
@@ -671,7 +678,8 @@ ON CONFLICT (grp, kind, worker) DO UPDATE SET units = ledger.units + excluded.un
 -- name: mark_retry
 -- Queue a task for another attempt at run_at; a waiting task's remote job has ended in failure.
 UPDATE tasks
-SET state = 'ready', run_at = %(run_at)s::double precision, worker = NULL, lease_until = NULL,
+SET state = 'ready', run_at = %(run_at)s::double precision,
+    ready_since = %(ready_since)s::double precision, worker = NULL, lease_until = NULL,
     remote_id = NULL, poll_every = NULL, remote_deadline = NULL, error_code = %(code)s::text,
     remote_jobs = remote_jobs + (state = 'waiting')::integer,
     attempt_base = attempt_base + %(uncounted)s::boolean::integer
@@ -722,9 +730,9 @@ GROUP BY state;
 -- Per kind with unfinished tasks (of the kinds given, or all): its tasks per state (tallies) and when its oldest ready task became ready (the index).
 SELECT s.kind, s.pending, s.ready, s.running, s.waiting,
        CASE WHEN s.ready > 0 THEN (
-           SELECT coalesce(t.ready_since, t.created_at) FROM tasks AS t
+           SELECT t.ready_since FROM tasks AS t
            WHERE t.kind = s.kind AND t.state = 'ready'
-           ORDER BY coalesce(t.ready_since, t.created_at)
+           ORDER BY t.ready_since
            LIMIT 1
        ) END AS oldest_ready
 FROM (
@@ -761,18 +769,18 @@ ORDER BY kind;
 -- name: oldest_ready
 -- When the oldest ready tasks of a kind became ready, as one array (the index, read from its start).
 SELECT ARRAY(
-    SELECT coalesce(ready_since, created_at) FROM tasks
+    SELECT ready_since FROM tasks
     WHERE kind = %(kind)s::text AND state = 'ready'
-    ORDER BY coalesce(ready_since, created_at), id
+    ORDER BY ready_since, id
     LIMIT %(limit)s::integer
 ) AS since;
 
 -- name: newest_ready
 -- When the newest ready tasks of a kind became ready, as one array (the index, read from its end).
 SELECT ARRAY(
-    SELECT coalesce(ready_since, created_at) FROM tasks
+    SELECT ready_since FROM tasks
     WHERE kind = %(kind)s::text AND state = 'ready'
-    ORDER BY coalesce(ready_since, created_at) DESC, id DESC
+    ORDER BY ready_since DESC, id DESC
     LIMIT %(limit)s::integer
 ) AS since;
 
@@ -1084,3 +1092,11 @@ WHERE name = 'pruner' AND holder = %(holder)s::text;
 -- name: pruner_state
 -- The pruner's lease: who holds (or held) it, until when, when a run last ended, what it removed.
 SELECT holder, until, done_at, removed FROM pruner WHERE name = 'pruner';
+
+-- name: take_lease
+-- Hold a named lease until a time: its holder renews it; another takes it once it ran out.
+INSERT INTO leases (name, holder, until)
+VALUES (%(name)s::text, %(holder)s::text, %(until)s::double precision)
+ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, until = excluded.until
+WHERE leases.holder = excluded.holder OR leases.until <= %(now)s::double precision
+RETURNING holder;

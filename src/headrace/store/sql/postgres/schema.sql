@@ -28,7 +28,7 @@ CREATE TABLE tasks (
     tag             double precision NOT NULL,  -- start-time fair queueing tag
     created_at      double precision NOT NULL,
     run_at          double precision NOT NULL,
-    ready_since     double precision,
+    ready_since     double precision,  -- when it last became ready to run (store/ages.py)
     promoted_at     double precision,
     finished_at     double precision,
     worker          text,
@@ -59,7 +59,7 @@ CREATE INDEX tasks_waiting_polls ON tasks (run_at, id) WHERE state = 'waiting';
 -- Tasks waiting to run by kind (a stage's bound, its ready tasks by how long they have
 -- waited) and by group (a stage's cap per group); dead tasks by group. Only in those states: a
 -- lease and an outcome change a task's state without touching these.
-CREATE INDEX tasks_queued_by_kind ON tasks (kind, state, coalesce(ready_since, created_at))
+CREATE INDEX tasks_queued_by_kind ON tasks (kind, state, ready_since)
 WHERE state IN ('pending', 'ready');
 CREATE INDEX tasks_queued_by_group ON tasks (grp, kind) WHERE state IN ('pending', 'ready');
 CREATE INDEX tasks_dead_by_group ON tasks (grp, id) WHERE state = 'dead';
@@ -99,7 +99,8 @@ CREATE TABLE gates (
     rate_limited           bigint             NOT NULL DEFAULT 0,
     peak_in_flight         integer            NOT NULL DEFAULT 0,
     first_blocked_at       double precision,
-    unstarted              integer            NOT NULL DEFAULT 0  -- starts not stamped yet
+    unstarted              integer            NOT NULL DEFAULT 0,  -- starts not stamped yet
+    spec                   text  -- the declaration it comes from: its name, or its template's
 );
 
 -- Each flow's finish tag (where its next task's start tag begins) and when it was last served
@@ -221,6 +222,14 @@ CREATE TABLE pruner (
     until   double precision NOT NULL,
     done_at double precision,
     removed bigint           NOT NULL DEFAULT 0
+);
+
+-- Named leases (`Store.take_lease`): one process at a time does what the name says (`metrics`:
+-- it exports the store-wide figures at /metrics) for as long as it renews its lease.
+CREATE TABLE leases (
+    name   text             PRIMARY KEY,
+    holder text             NOT NULL,
+    until  double precision NOT NULL
 );
 
 CREATE TABLE attempt_tally (

@@ -93,8 +93,8 @@ GROUP BY kind;
 -- name: mark_deferred
 -- A success a full stage had no room for: ready again at run_at, that attempt not counted.
 UPDATE tasks
-SET state = 'ready', run_at = :run_at, worker = NULL, lease_until = NULL, error_code = :code,
-    attempt_base = attempt_base + 1
+SET state = 'ready', run_at = :run_at, ready_since = :ready_since, worker = NULL,
+    lease_until = NULL, error_code = :code, attempt_base = attempt_base + 1
 WHERE id = :id;
 
 -- name: dependents
@@ -118,7 +118,7 @@ ORDER BY id;
 -- name: redrive_task
 -- Re-enqueue a dead task with a fresh attempt budget; no row if it is no longer dead.
 UPDATE tasks
-SET state = 'ready', run_at = :now, ready_since = coalesce(ready_since, :now),
+SET state = 'ready', run_at = :now, ready_since = :ready_since,
     attempt_base = attempt, expiries = 0, solo = 0, error_code = NULL, finished_at = NULL
 WHERE id = :id AND state = 'dead'
 RETURNING id;
@@ -136,9 +136,9 @@ UPDATE tasks SET expiries = expiries + 1, lost_by = worker, lost_at = :now WHERE
 -- name: requeue_expired
 -- A lost lease makes the task ready again at once (`solo`: to run alone, that attempt uncounted).
 UPDATE tasks
-SET state = 'ready', run_at = :now, worker = NULL, lease_until = NULL, error_code = :code,
-    expiries = expiries + 1, solo = solo OR :solo, attempt_base = attempt_base + :solo,
-    lost_by = worker, lost_at = :now
+SET state = 'ready', run_at = :now, ready_since = :ready_since, worker = NULL,
+    lease_until = NULL, error_code = :code, expiries = expiries + 1, solo = solo OR :solo,
+    attempt_base = attempt_base + :solo, lost_by = worker, lost_at = :now
 WHERE id = :id;
 
 -- name: crash_companions
@@ -216,8 +216,8 @@ ON CONFLICT (grp, kind) DO UPDATE SET units = units + excluded.units;
 -- name: mark_retry
 -- Queue a task for another attempt at run_at; a waiting task's remote job has ended in failure.
 UPDATE tasks
-SET state = 'ready', run_at = :run_at, worker = NULL, lease_until = NULL, remote_id = NULL,
-    poll_every = NULL, remote_deadline = NULL, error_code = :code,
+SET state = 'ready', run_at = :run_at, ready_since = :ready_since, worker = NULL,
+    lease_until = NULL, remote_id = NULL, poll_every = NULL, remote_deadline = NULL, error_code = :code,
     remote_jobs = remote_jobs + (state = 'waiting'), attempt_base = attempt_base + :uncounted
 WHERE id = :id;
 
@@ -258,9 +258,9 @@ GROUP BY state;
 -- Per kind with unfinished tasks (of the kinds given as a JSON array, or all): its tasks per state (tallies) and when its oldest ready task became ready (the index).
 SELECT s.kind, s.pending, s.ready, s.running, s.waiting,
        CASE WHEN s.ready > 0 THEN (
-           SELECT coalesce(t.ready_since, t.created_at) FROM tasks AS t
+           SELECT t.ready_since FROM tasks AS t
            WHERE t.kind = s.kind AND t.state = 'ready' AND t.state IN ('pending', 'ready')
-           ORDER BY coalesce(t.ready_since, t.created_at)
+           ORDER BY t.ready_since
            LIMIT 1
        ) END AS oldest_ready
 FROM (
@@ -288,10 +288,10 @@ ORDER BY kind;
 -- When the oldest ready tasks of a kind became ready, as one JSON array (the index, read from its start).
 SELECT json_group_array(since) AS "since [headrace_json]"
 FROM (
-    SELECT coalesce(ready_since, created_at) AS since FROM tasks
+    SELECT ready_since AS since FROM tasks
     -- the second term names tasks_queued_by_kind's own, which SQLite needs to use it
     WHERE kind = :kind AND state = 'ready' AND state IN ('pending', 'ready')
-    ORDER BY coalesce(ready_since, created_at), id
+    ORDER BY ready_since, id
     LIMIT :limit
 );
 
@@ -299,10 +299,10 @@ FROM (
 -- When the newest ready tasks of a kind became ready, as one JSON array (the index, read from its end).
 SELECT json_group_array(since) AS "since [headrace_json]"
 FROM (
-    SELECT coalesce(ready_since, created_at) AS since FROM tasks
+    SELECT ready_since AS since FROM tasks
     -- the second term names tasks_queued_by_kind's own, which SQLite needs to use it
     WHERE kind = :kind AND state = 'ready' AND state IN ('pending', 'ready')
-    ORDER BY coalesce(ready_since, created_at) DESC, id DESC
+    ORDER BY ready_since DESC, id DESC
     LIMIT :limit
 );
 
@@ -396,12 +396,13 @@ SELECT * FROM gates WHERE name IN (SELECT value FROM json_each(:names)) ORDER BY
 SELECT * FROM gates WHERE name IN (SELECT value FROM json_each(:names)) ORDER BY name;
 
 -- name: add_gates
--- Rows for gates asked for the first time.
+-- Rows for gates asked for the first time, each with the declaration it comes from (parallel JSON arrays).
 INSERT OR IGNORE INTO gates (
     name, in_flight, starts, granted, blocked_by_token, blocked_by_concurrency, rate_limited,
-    peak_in_flight
+    peak_in_flight, spec
 )
-SELECT value, 0, '[]', 0, 0, 0, 0, 0 FROM json_each(:names);
+SELECT value, 0, '[]', 0, 0, 0, 0, 0, json_extract(:specs, '$[' || key || ']')
+FROM json_each(:names);
 
 -- name: missing_gates
 -- Which of these gates have no row yet.
@@ -627,7 +628,10 @@ DELETE FROM tickets WHERE task_id = :id;
 UPDATE tasks
 SET unmet = unmet - 1,
     state = CASE WHEN unmet = 1 AND state = 'pending' THEN 'ready' ELSE state END,
-    ready_since = CASE WHEN unmet = 1 AND state = 'pending' THEN :now ELSE ready_since END
+    -- ready from now, or from its run_at when later (ages.ready_since)
+    ready_since = CASE
+        WHEN unmet = 1 AND state = 'pending' THEN max(:now, run_at) ELSE ready_since
+    END
 WHERE id IN (SELECT task_id FROM task_deps WHERE dep_id = :id);
 UPDATE tasks
 SET state = 'succeeded', finished_at = :now, lease_until = NULL, error_code = NULL
@@ -648,7 +652,8 @@ UPDATE tasks
 SET unmet = tasks.unmet - met.n,
     state = CASE WHEN tasks.unmet = met.n AND tasks.state = 'pending' THEN 'ready' ELSE tasks.state END,
     ready_since = CASE
-        WHEN tasks.unmet = met.n AND tasks.state = 'pending' THEN :now ELSE tasks.ready_since
+        WHEN tasks.unmet = met.n AND tasks.state = 'pending' THEN max(:now, tasks.run_at)
+        ELSE tasks.ready_since
     END
 FROM (
     SELECT task_id, count(*) AS n FROM task_deps
@@ -883,3 +888,10 @@ WHERE name = 'pruner' AND holder = :holder;
 -- name: pruner_state
 -- The pruner's lease: who holds (or held) it, until when, when a run last ended, what it removed.
 SELECT holder, until, done_at, removed FROM pruner WHERE name = 'pruner';
+
+-- name: take_lease
+-- Hold a named lease until a time: its holder renews it; another takes it once it ran out.
+INSERT INTO leases (name, holder, until) VALUES (:name, :holder, :until)
+ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, until = excluded.until
+WHERE leases.holder = excluded.holder OR leases.until <= :now
+RETURNING holder;

@@ -21,7 +21,7 @@ CREATE TABLE tasks (
     tag             REAL    NOT NULL,  -- start-time fair queueing tag
     created_at      REAL    NOT NULL,
     run_at          REAL    NOT NULL,
-    ready_since     REAL,
+    ready_since     REAL,  -- when it last became ready to run (store/ages.py)
     promoted_at     REAL,
     finished_at     REAL,
     worker          TEXT,
@@ -52,7 +52,7 @@ CREATE INDEX tasks_waiting_polls ON tasks (run_at, id) WHERE state = 'waiting';
 -- Tasks waiting to run by kind (a stage's bound, its ready tasks by how long they have
 -- waited) and by group (a stage's cap per group); dead tasks by group. Only in those states: a
 -- lease and an outcome change a task's state without touching these.
-CREATE INDEX tasks_queued_by_kind ON tasks (kind, state, coalesce(ready_since, created_at))
+CREATE INDEX tasks_queued_by_kind ON tasks (kind, state, ready_since)
 WHERE state IN ('pending', 'ready');
 CREATE INDEX tasks_queued_by_group ON tasks (grp, kind) WHERE state IN ('pending', 'ready');
 CREATE INDEX tasks_dead_by_group ON tasks (grp, id) WHERE state = 'dead';
@@ -89,7 +89,8 @@ CREATE TABLE gates (
     blocked_by_concurrency INTEGER NOT NULL,
     rate_limited           INTEGER NOT NULL,
     peak_in_flight         INTEGER NOT NULL,
-    first_blocked_at       REAL, unstarted INTEGER NOT NULL DEFAULT 0  -- starts not stamped yet
+    first_blocked_at       REAL, unstarted INTEGER NOT NULL DEFAULT 0,  -- starts not stamped yet
+    spec TEXT  -- the declaration it comes from: its name, or its template's (`session:*`)
 ) WITHOUT ROWID;
 
 -- Each flow's finish tag (where its next task's start tag begins) and when it was last served
@@ -207,6 +208,14 @@ CREATE TABLE pruner (
     until   REAL    NOT NULL,
     done_at REAL,
     removed INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+
+-- Named leases (`Store.take_lease`): one process at a time does what the name says (`metrics`:
+-- it exports the store-wide figures at /metrics) for as long as it renews its lease.
+CREATE TABLE leases (
+    name   TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    until  REAL NOT NULL
 ) WITHOUT ROWID;
 
 CREATE TABLE attempt_tally (
