@@ -173,7 +173,10 @@ def _add_operations(api: FastAPI) -> None:
         await require(svc, who, Role.ADMIN, action="metrics.read")
         lease = svc.settings.metrics_lease
         found = await metrics.scrape(svc.moderation.app, svc.name, lease_for=lease)
-        return Response(found, media_type=metrics.CONTENT_TYPE)
+        # Read anew at every scrape (its process figures change by the second): never cached.
+        return Response(
+            found, media_type=metrics.CONTENT_TYPE, headers={"Cache-Control": "no-store"}
+        )
 
 
 async def unready(svc: Service) -> list[str]:
