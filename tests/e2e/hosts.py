@@ -23,7 +23,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from headrace.store.postgres.store import GONE_AFTER, PROBE_IDLE, PROBE_INTERVAL, PROBES
+from headrace.store.postgres.connection import GONE_AFTER, PROBE_IDLE, PROBE_INTERVAL, PROBES
 
 from . import root_network
 
