@@ -22,6 +22,7 @@ from headrace.pipelines.moderation.media import (
     DirectoryBackend,
     LocalFile,
     MediaStore,
+    MediaUnavailable,
     MissingMedia,
     S3Backend,
     S3Location,
@@ -124,8 +125,27 @@ async def test_an_upload_past_its_limit_keeps_nothing(kept: Kept) -> None:
 
 
 async def test_a_missing_original_is_named(kept: Kept) -> None:
+    await kept.media.put_bytes(b"another original", limit=100)  # a store in use
     with pytest.raises(MissingMedia, match="blobs/00/0000"):
         async with kept.media.original("0" * 64):
+            pass
+
+
+async def test_a_store_that_cannot_be_reached_is_unavailable_not_missing(
+    kept: Kept, tmp_path: Path
+) -> None:
+    """A directory that went away (a volume unmounted, moved) or a server that does not
+    answer: an outage, never an object said to be missing."""
+    blob = await kept.media.put_bytes(b"an original", limit=100)
+    backend = kept.media.backend
+    if isinstance(backend, DirectoryBackend):
+        backend.root.rename(tmp_path / "unmounted")
+        gone = kept.media
+    else:
+        location = S3Location("headrace-test-none", "media", endpoint="http://127.0.0.1:9")
+        gone = MediaStore(S3Backend(location, scratch=kept.scratch))
+    with pytest.raises(MediaUnavailable):
+        async with gone.original(blob.digest):
             pass
 
 
