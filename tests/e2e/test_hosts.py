@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -316,22 +316,41 @@ def read_everything(url: str) -> tuple[list[TaskRecord], list[Attempt], dict[str
     return asyncio.run(read())
 
 
-def derivative_sets(
-    keys: list[str],
-) -> tuple[Counter[tuple[str, str]], dict[tuple[str, str], set[str]]]:
-    """Per (media id, stage version): how many manifests, and which attempts left objects."""
-    manifests: Counter[tuple[str, str]] = Counter()
-    attempts: dict[tuple[str, str], set[str]] = defaultdict(set)
+@dataclass
+class DerivativeSet:
+    """What the bucket holds of one (media id, stage version): its manifests, and the attempts
+    whose objects are there (`derived/<media id>/<stage>.v<n>/<attempt>/<file>`)."""
+
+    manifests: int = 0
+    attempts: set[str] = field(default_factory=set)
+
+
+def derivative_sets(keys: list[str]) -> dict[tuple[str, str], DerivativeSet]:
+    """Per (media id, stage version), what the listing `keys` holds of it."""
+    sets: dict[tuple[str, str], DerivativeSet] = defaultdict(DerivativeSet)
     for key in keys:
         parts = key.split("/")
         if len(parts) < 5 or parts[1] != "derived":
             continue
-        where = (parts[2], parts[3])
+        found = sets[(parts[2], parts[3])]
         if parts[4] == "manifest.json":
-            manifests[where] += 1
+            found.manifests += 1
         else:
-            attempts[where].add(parts[4])
-    return manifests, attempts
+            found.attempts.add(parts[4])
+    return dict(sets)
+
+
+def check_one_set_each(keys: list[str], derived: Mapping[str, str]) -> None:
+    """Each (media id, stage version) in the listing has one manifest and the objects of one
+    attempt, the one its item's record names (`derived`: media id -> the set's prefix): a
+    second attempt's objects beside them, or none, fail. Every item that names a set has it."""
+    sets = derivative_sets(keys)
+    for (media_id, stage), found in sets.items():
+        assert found.manifests == 1, (media_id, stage, found)
+        assert len(found.attempts) == 1, (media_id, stage, found)  # one attempt's objects
+        named = derived.get(media_id, "")
+        assert named.endswith(f"/{stage}/{next(iter(found.attempts))}"), (media_id, named, found)
+    assert {media_id for media_id, _ in sets} >= derived.keys()
 
 
 def history(
@@ -370,8 +389,8 @@ def report(
 ) -> None:
     states = Counter(record.state for record in items.values())
     lost = Counter(a.worker for a, _ in lost_leases(attempts))
-    manifests, made = derivative_sets(keys)
-    extra = sum(len(prefixes) - 1 for prefixes in made.values() if len(prefixes) > 1)
+    sets = derivative_sets(keys)
+    extra = sum(len(found.attempts) - 1 for found in sets.values() if len(found.attempts) > 1)
     delays = [
         after.started_at - lost_at
         for gone, after in lost_leases(attempts)
@@ -381,7 +400,7 @@ def report(
         f"cut {burst.cut_at}, mended {burst.mended_at}, killed {burst.killed_at}; "
         f"{len(burst.acknowledged)} uploads acknowledged ({burst.resent} sent again), "
         f"{len(tasks)} tasks, {len(attempts)} attempts; items {dict(states)}; "
-        f"leases lost by host {dict(lost)}; {sum(manifests.values())} derivative sets, "
+        f"leases lost by host {dict(lost)}; {len(sets)} derivative sets, "
         f"{extra} attempts' objects beside them; claimed again at most "
         f"{max(delays, default=0.0):.1f} s after the loss"
     )
@@ -439,13 +458,46 @@ def check(
     unsettled = [r.id for r in items.values() if not ItemState(r.state).settled]
     assert unsettled == [], history(unsettled, tasks, attempts, items)  # every item is final
     assert all(task.state.terminal for task in tasks)
-    manifests, _ = derivative_sets(keys)
-    assert manifests and set(manifests.values()) == {1}  # one set per (media id, stage version)
-    derived = [r for r in items.values() if r.body.get("derived")]
-    assert {r.id for r in derived} <= {media_id for media_id, _ in manifests}
+    derived = {r.id: str(r.body["derived"]) for r in items.values() if r.body.get("derived")}
+    assert derived  # photos were derived
+    check_one_set_each(keys, derived)  # one set per (media id, stage version), what it wrote
     assert burst.cut_at is not None and burst.killed_at is not None
     reclaimed = lost_leases(attempts)
     assert {a.worker for a, _ in reclaimed} >= {"w1", "w2"}  # both hosts lost work
     check_claimed_again_in_time(burst, reclaimed)
     assert "lease lost" in logs["w1"]  # the mended host was refused, and says so
     assert "Traceback" not in logs["api"]
+
+
+# The check of the bucket's listing, on listings made here (no hosts needed).
+
+MEDIA = "0123456789abcdef0123456789abcdef"
+SET = f"media/derived/{MEDIA}/derive.v2"
+
+
+def listing(*attempts: str, manifest: bool = True) -> list[str]:
+    keys = [f"{SET}/manifest.json"] if manifest else []
+    for attempt in attempts:
+        keys += [f"{SET}/{attempt}/preview.webp", f"{SET}/{attempt}/metadata.json"]
+    return sorted(keys)
+
+
+RECORDS = {MEDIA: f"derived/{MEDIA}/derive.v2/attempt-aaaa"}
+
+
+def test_the_listing_check_passes_one_attempts_set() -> None:
+    check_one_set_each(listing("attempt-aaaa"), RECORDS)
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        listing("attempt-aaaa", "attempt-bbbb"),  # a second attempt's files beside the set
+        listing("attempt-bbbb"),  # not the attempt the item's record names
+        listing("attempt-aaaa", manifest=False),
+        listing(),
+    ],
+)
+def test_the_listing_check_fails_anything_but_one_set_per_stage_version(keys: list[str]) -> None:
+    with pytest.raises(AssertionError):
+        check_one_set_each(keys, RECORDS)
