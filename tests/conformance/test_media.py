@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import httpx
 import pytest
 
 from headrace.pipelines.moderation.media import (
+    Derived,
     DirectoryBackend,
     LocalFile,
     MediaStore,
@@ -29,6 +31,7 @@ from headrace.pipelines.moderation.media import (
     SignedUrl,
     Streamed,
     TooLarge,
+    s3,
 )
 from headrace.pipelines.moderation.media.store import blob_key
 from headrace.policy import ConfigError
@@ -67,6 +70,16 @@ def kept(
         backend = DirectoryBackend(tmp_path / "media")
         yield Kept(MediaStore(backend), backend.scratch, str(backend.root))
         return
+    yield from in_a_bucket(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def bucket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Kept]:
+    """A media store in a bucket of the test server only (what a directory does not do)."""
+    yield from in_a_bucket(tmp_path, monkeypatch)
+
+
+def in_a_bucket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Kept]:
     for name, value in CREDENTIALS.items():
         monkeypatch.setenv(name, value)
     with fresh_bucket() as bucket:
@@ -301,6 +314,48 @@ async def test_a_preview_is_a_file_a_signed_url_or_a_stream(kept: Kept) -> None:
     assert b"".join([chunk async for chunk in streamed.chunks]) == PREVIEW
     assert origin == ENDPOINT
     assert await kept.media.preview(made.prefix, "poster.webp", signed=False) is None
+
+
+def altered(url: str) -> str:
+    """`url` with one character of its signature changed."""
+    start = url.index("X-Amz-Signature=") + len("X-Amz-Signature=")
+    swapped = "1" if url[start] == "0" else "0"
+    return f"{url[:start]}{swapped}{url[start + 1 :]}"
+
+
+async def signed_preview(media: MediaStore, made: Derived) -> str:
+    served = await media.preview(made.prefix, "preview.webp", signed=True)
+    assert isinstance(served, SignedUrl)
+    return served.url
+
+
+@pytest.mark.realtime  # a URL's expiry is the server's clock's to judge
+async def test_a_signed_url_works_and_one_altered_expired_or_signed_by_another_key_is_refused(
+    bucket: Kept, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The test server checks presigned URLs as S3 does (.ci/s3-server): so a wrong
+    signature, lifetime or key in what the store signs would fail here."""
+    made = await bucket.media.derive_once(
+        new_id(bucket), "derive", 1, writing({"preview.webp": PREVIEW})
+    )
+    url = await signed_preview(bucket.media, made)
+    monkeypatch.setattr(s3, "SIGNED_URL_LIFETIME", timedelta(seconds=1))
+    short = await signed_preview(bucket.media, made)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-key-the-server-knows")
+    assert isinstance(bucket.media.backend, S3Backend)
+    location = bucket.media.backend.location
+    other = await signed_preview(MediaStore(S3Backend(location, scratch=bucket.scratch)), made)
+    async with httpx.AsyncClient() as client:
+        works = await client.get(url)
+        tampered = await client.get(altered(url))
+        foreign = await client.get(other)
+        await asyncio.sleep(2.5)  # past the short URL's lifetime (X-Amz-Expires=1)
+        expired = await client.get(short)
+    assert (works.status_code, works.content) == (200, PREVIEW)
+    assert tampered.status_code == 403 and b"SignatureDoesNotMatch" in tampered.content
+    assert foreign.status_code == 403 and b"SignatureDoesNotMatch" in foreign.content
+    assert expired.status_code == 403 and b"expired" in expired.content
+    assert "X-Amz-Expires=1&" in short
 
 
 @pytest.mark.parametrize("prefix", ["../etc", "blobs/00", "derived/x/derive.v1"])

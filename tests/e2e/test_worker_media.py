@@ -16,6 +16,7 @@ from headrace.pipelines.moderation.media import DirectoryBackend, MediaStore
 from headrace.pipelines.moderation.pipeline import Moderation
 from headrace.pipelines.moderation.scan import BuiltinScanner
 from headrace.store.types import TaskState
+from tests.objectstore import CREDENTIALS
 
 from .commands import failure_line, headrace
 
@@ -63,12 +64,8 @@ def test_a_worker_given_a_wrong_media_store_stops_in_one_line_touching_nothing(
     url = f"sqlite:///{tmp_path / 'store.db'}"
     waiting_uploads(url, tmp_path / "media")
     given = media.format(tmp=tmp_path)
-    env = {
-        "HEADRACE_URL": url,
-        "HEADRACE_MEDIA": given,
-        "AWS_ACCESS_KEY_ID": "headrace-test",  # given, so no instance role is looked for
-        "AWS_SECRET_ACCESS_KEY": "headrace-test-secret",
-    }
+    # Credentials given, so no instance role is looked for.
+    env = {"HEADRACE_URL": url, "HEADRACE_MEDIA": given, **CREDENTIALS}
     done = headrace("worker", APP, env=env, timeout=120)
     line = failure_line(done)
     print(line)
