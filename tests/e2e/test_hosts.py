@@ -10,8 +10,9 @@ again, as a supervisor would). Then:
   sweep of the moment it was lost; a task lost beside others runs alone, so those lost together
   run one after another on the worker that takes them, each within the sweep's slack of the
   one before it ending;
-- the cut host, when its link returns, has its late outcomes refused and logs that it lost its
-  leases.
+- the cut host, when its link returns, talks to PostgreSQL again within about 10 s (its
+  connection attempts give up after `connect_timeout` instead of waiting out the system's SYN
+  retries), has its late outcomes refused and logs that it lost its leases.
 
 Default worker settings (a 30 s lease). Needs root for the namespaces; skips without, with the
 reason printed, and fails when `CI` is set.
@@ -57,6 +58,9 @@ CUT_FOR = LEASE + 15.0
 APP = "headrace.pipelines.moderation.deploy:make_app"
 PORT = 8080
 UPLOADS = 60
+# Seconds from the cut link's return to the cut host's first bytes to PostgreSQL: a connection
+# attempt gives up after 5 s (`connect_timeout`), a worker waits at most 5 s between tries.
+RESUMES_WITHIN = 12.0
 
 
 @dataclass
@@ -65,6 +69,7 @@ class Burst:
     resent: int = 0
     cut_at: float | None = None  # store time
     mended_at: float | None = None
+    mended_wall: float | None = None  # time.time(), as the forwarder notes what it hears
     killed_at: float | None = None
 
     def lost_at(self, worker: str) -> float | None:
@@ -116,14 +121,20 @@ def test_a_burst_across_three_hosts_survives_a_cut_link_and_a_killed_worker(
             (gateway, pg_port): ("127.0.0.1", pg_port),
             (gateway, s3.port or 80): (s3.hostname or "127.0.0.1", s3.port or 80),
         }
-        with hosts.Forwarder(routes):
+        with hosts.Forwarder(routes) as forwarder:
             env = host_env(tmp_path, on_link(url, gateway), bucket, on_link(endpoint, gateway))
             burst = run_burst(net, env, tmp_path, tokens["uploader"], url)
+        cut_host = net.hosts["w1"].address
+    assert burst.mended_wall is not None
+    heard = forwarder.heard(cut_host, pg_port, after=burst.mended_wall)
+    resumed = None if heard is None else heard - burst.mended_wall
     logs = {name: (tmp_path / f"{name}.log").read_text() for name in ("api", "w1", "w2", "w2b")}
     tasks, attempts, items = read_everything(url)
     keys = objectstore.keys_in(bucket)
     report(burst, tasks, attempts, items, keys)
+    print(f"the cut host talked to PostgreSQL again {resumed} s after its link returned")
     check(burst, tasks, attempts, items, keys, logs)
+    assert resumed is not None and resumed <= RESUMES_WITHIN, resumed
 
 
 def host_env(tmp_path: Path, db: str, bucket: str, endpoint: str) -> dict[str, str]:
@@ -277,6 +288,7 @@ async def make_chaos(
     burst.cut_at = await store.now()
     await asyncio.sleep(CUT_FOR)
     net.mend("w1")
+    burst.mended_wall = time.time()
     burst.mended_at = await store.now()
 
 
