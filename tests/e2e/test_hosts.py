@@ -10,9 +10,13 @@ again, as a supervisor would). Then:
   sweep of the moment it was lost; a task lost beside others runs alone, so those lost together
   run one after another on the worker that takes them, each within the sweep's slack of the
   one before it ending;
-- the cut host, when its link returns, talks to PostgreSQL again within about 10 s (its
-  connection attempts give up after `connect_timeout` instead of waiting out the system's SYN
-  retries), has its late outcomes refused and logs that it lost its leases.
+- the cut host, when its link returns, talks to PostgreSQL again within about 10 s, has its
+  late outcomes refused and logs that it lost its leases.
+
+A second test cuts a host's link while it waits for the server's answer: with keepalives and a
+limit on unacknowledged data on its side (`connection.CLIENT_SIDE`) it finds the connection
+dead while the link is down and asks again on a new one once it is back; without them it waits
+for ever.
 
 Default worker settings (a 30 s lease). Needs root for the namespaces; skips without, with the
 reason printed, and fails when `CI` is set.
@@ -479,6 +483,82 @@ def check(
     check_claimed_again_in_time(burst, reclaimed)
     assert "lease lost" in logs["w1"]  # the mended host was refused, and says so
     assert "Traceback" not in logs["api"]
+
+
+# A host whose link goes while it waits for the server's answer: once the link is back, the
+# host must not wait on for an answer that will never come.
+
+# Seconds the link stays down: longer than the server's side takes to give up on the host
+# (the forwarder, standing in for it, does as the server does) and than the client's own
+# keepalives take to find the connection dead (10 s, then 3 probes 5 s apart).
+DOWN_FOR = 35.0
+ASKING = """
+import asyncio, sys, time
+import psycopg
+from headrace.store.postgres import PostgresStore
+from headrace.store.types import Settings
+
+async def main(url: str) -> None:
+    store = PostgresStore.from_url(url)
+    await store.open(Settings())
+    print("asking", flush=True)
+    while True:  # as the store runs a verb again on another connection when one breaks
+        try:
+            async with store._require_pool().connection() as conn:
+                await conn.execute("SELECT pg_sleep(2)")
+            break
+        except psycopg.OperationalError:
+            await asyncio.sleep(0.5)
+    print("answered", time.time(), flush=True)
+    await store.close()
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_a_host_cut_off_mid_question_is_answered_within_seconds_of_its_links_return(
+    tmp_path: Path,
+) -> None:
+    """Without keepalives on its side, the client waits for ever on a connection whose other
+    end is gone (the worker that stayed without a store 72 s after its link came back)."""
+    skip_without_namespaces()
+    log = tmp_path / "asking.log"
+    with fresh_schema("hosts_asking") as url:
+        assert headrace("db", "upgrade", "--db", url).returncode == 0
+        pg_port = urlsplit(url).port or 5432
+        with hosts.network(["w"]) as net:
+            routes = {(net.gateway, pg_port): ("127.0.0.1", pg_port)}
+            with hosts.Forwarder(routes):
+                command = [sys.executable, "-c", ASKING, on_link(url, net.gateway)]
+                env = environment({"PYTHONPATH": ":".join(sys.path)})
+                asking = net.start("w", command, env=env, log=str(log))
+                until_logged(log, "asking", asking)
+                time.sleep(0.5)  # the question is on its way, its answer two seconds off
+                net.cut("w")
+                time.sleep(DOWN_FOR)
+                net.mend("w")
+                mended = time.time()
+                try:
+                    asking.wait(timeout=RESUMES_WITHIN + 10)
+                except subprocess.TimeoutExpired:
+                    pass  # still waiting for its answer: the assertion below says so
+                finally:
+                    asking.kill()
+                    asking.wait()
+    said = log.read_text()
+    assert "answered" in said, f"no answer {RESUMES_WITHIN + 10:g} s after the link returned"
+    answered = float(said.split("answered")[-1].split()[0])
+    print(f"answered {answered - mended:.2f} s after the link returned")
+    assert answered - mended <= RESUMES_WITHIN
+
+
+def until_logged(log: Path, word: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        if log.exists() and word in log.read_text():
+            return
+        time.sleep(0.1)
+    raise AssertionError(log.read_text() if log.exists() else f"{word!r} never logged")
 
 
 # The check of the bucket's listing, on listings made here (no hosts needed).
