@@ -1,5 +1,6 @@
-"""The S3-compatible server the suite uses (moto's, started by .ci/run on HEADRACE_TEST_S3), and
-a bucket of its own for each test."""
+"""The S3-compatible server the suite uses (LocalStack's S3, started by .ci/run with
+.ci/s3-server on HEADRACE_TEST_S3), and a bucket of its own for each test. It checks the
+signature and the expiry of presigned URLs, so a test sees a wrong one refused."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ import httpx
 
 from tests.services import unavailable
 
-ENDPOINT = os.environ.get("HEADRACE_TEST_S3", "http://127.0.0.1:9000")
+ENDPOINT = os.environ.get("HEADRACE_TEST_S3", "http://127.0.0.1:9010")
 REGION = "us-east-1"
-# The test server takes any key; a real one is given its own in the environment.
+# The test server (LocalStack's S3, .ci/s3-server) takes any key id, and checks a presigned
+# URL's signature against the secret `test` for a key nobody registered with it; a real server
+# is given its own key in the environment.
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "headrace-test"),
-    "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "headrace-test-secret"),
+    "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "test"),
 }
 
 

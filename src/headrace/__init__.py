@@ -26,6 +26,7 @@ from headrace.policy import (
     TaskFailure,
     Tier,
     Transient,
+    Unavailable,
 )
 from headrace.policy.retention import Retention
 from headrace.runtime import (
@@ -70,6 +71,7 @@ __all__ = [
     "TaskState",
     "Tier",
     "Transient",
+    "Unavailable",
     "Worker",
     "consume_bounded",
 ]

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +20,18 @@ import httpx
 import pytest
 
 from headrace.pipelines.moderation.media import (
+    Derived,
     DirectoryBackend,
     LocalFile,
     MediaStore,
+    MediaUnavailable,
     MissingMedia,
     S3Backend,
     S3Location,
     SignedUrl,
     Streamed,
     TooLarge,
+    s3,
 )
 from headrace.pipelines.moderation.media.store import blob_key
 from headrace.policy import ConfigError
@@ -66,6 +70,16 @@ def kept(
         backend = DirectoryBackend(tmp_path / "media")
         yield Kept(MediaStore(backend), backend.scratch, str(backend.root))
         return
+    yield from in_a_bucket(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def bucket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Kept]:
+    """A media store in a bucket of the test server only (what a directory does not do)."""
+    yield from in_a_bucket(tmp_path, monkeypatch)
+
+
+def in_a_bucket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Kept]:
     for name, value in CREDENTIALS.items():
         monkeypatch.setenv(name, value)
     with fresh_bucket() as bucket:
@@ -124,8 +138,27 @@ async def test_an_upload_past_its_limit_keeps_nothing(kept: Kept) -> None:
 
 
 async def test_a_missing_original_is_named(kept: Kept) -> None:
+    await kept.media.put_bytes(b"another original", limit=100)  # a store in use
     with pytest.raises(MissingMedia, match="blobs/00/0000"):
         async with kept.media.original("0" * 64):
+            pass
+
+
+async def test_a_store_that_cannot_be_reached_is_unavailable_not_missing(
+    kept: Kept, tmp_path: Path
+) -> None:
+    """A directory that went away (a volume unmounted, moved) or a server that does not
+    answer: an outage, never an object said to be missing."""
+    blob = await kept.media.put_bytes(b"an original", limit=100)
+    backend = kept.media.backend
+    if isinstance(backend, DirectoryBackend):
+        backend.root.rename(tmp_path / "unmounted")
+        gone = kept.media
+    else:
+        location = S3Location("headrace-test-none", "media", endpoint="http://127.0.0.1:9")
+        gone = MediaStore(S3Backend(location, scratch=kept.scratch))
+    with pytest.raises(MediaUnavailable):
+        async with gone.original(blob.digest):
             pass
 
 
@@ -281,6 +314,48 @@ async def test_a_preview_is_a_file_a_signed_url_or_a_stream(kept: Kept) -> None:
     assert b"".join([chunk async for chunk in streamed.chunks]) == PREVIEW
     assert origin == ENDPOINT
     assert await kept.media.preview(made.prefix, "poster.webp", signed=False) is None
+
+
+def altered(url: str) -> str:
+    """`url` with one character of its signature changed."""
+    start = url.index("X-Amz-Signature=") + len("X-Amz-Signature=")
+    swapped = "1" if url[start] == "0" else "0"
+    return f"{url[:start]}{swapped}{url[start + 1 :]}"
+
+
+async def signed_preview(media: MediaStore, made: Derived) -> str:
+    served = await media.preview(made.prefix, "preview.webp", signed=True)
+    assert isinstance(served, SignedUrl)
+    return served.url
+
+
+@pytest.mark.realtime  # a URL's expiry is the server's clock's to judge
+async def test_a_signed_url_works_and_one_altered_expired_or_signed_by_another_key_is_refused(
+    bucket: Kept, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The test server checks presigned URLs as S3 does (.ci/s3-server): so a wrong
+    signature, lifetime or key in what the store signs would fail here."""
+    made = await bucket.media.derive_once(
+        new_id(bucket), "derive", 1, writing({"preview.webp": PREVIEW})
+    )
+    url = await signed_preview(bucket.media, made)
+    monkeypatch.setattr(s3, "SIGNED_URL_LIFETIME", timedelta(seconds=1))
+    short = await signed_preview(bucket.media, made)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-key-the-server-knows")
+    assert isinstance(bucket.media.backend, S3Backend)
+    location = bucket.media.backend.location
+    other = await signed_preview(MediaStore(S3Backend(location, scratch=bucket.scratch)), made)
+    async with httpx.AsyncClient() as client:
+        works = await client.get(url)
+        tampered = await client.get(altered(url))
+        foreign = await client.get(other)
+        await asyncio.sleep(2.5)  # past the short URL's lifetime (X-Amz-Expires=1)
+        expired = await client.get(short)
+    assert (works.status_code, works.content) == (200, PREVIEW)
+    assert tampered.status_code == 403 and b"SignatureDoesNotMatch" in tampered.content
+    assert foreign.status_code == 403 and b"SignatureDoesNotMatch" in foreign.content
+    assert expired.status_code == 403 and b"expired" in expired.content
+    assert "X-Amz-Expires=1&" in short
 
 
 @pytest.mark.parametrize("prefix", ["../etc", "blobs/00", "derived/x/derive.v1"])

@@ -20,10 +20,11 @@ import shutil
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from headrace.store.postgres.store import GONE_AFTER, PROBE_IDLE, PROBE_INTERVAL, PROBES
+from headrace.store.postgres.connection import GONE_AFTER, PROBE_IDLE, PROBE_INTERVAL, PROBES
 
 from . import root_network
 
@@ -143,13 +144,19 @@ def network(names: Sequence[str]) -> Iterator[Network]:
 
 class Forwarder:
     """TCP from `listen` (an address on the bridge) to `target` on this host's loopback, in a
-    thread of its own: how the hosts reach services that listen on 127.0.0.1 only."""
+    thread of its own: how the hosts reach services that listen on 127.0.0.1 only. It notes
+    when bytes came from each host to each port (`heard`, wall-clock times)."""
 
     def __init__(self, routes: Mapping[tuple[str, int], tuple[str, int]]) -> None:
         self.routes = dict(routes)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._servers: list[asyncio.Server] = []
+        self._heard: dict[tuple[str, int], list[float]] = {}
+
+    def heard(self, host: str, port: int, *, after: float) -> float | None:
+        """When bytes first came from `host` to the forwarder's `port` after `after`."""
+        return next((t for t in self._heard.get((host, port), ()) if t > after), None)
 
     def __enter__(self) -> Forwarder:
         self._thread.start()
@@ -179,12 +186,13 @@ class Forwarder:
     async def _serve(self, listen: tuple[str, int], target: tuple[str, int]) -> asyncio.Server:
         async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             probe_like_the_server(writer.get_extra_info("socket"))
+            heard = self._heard.setdefault((writer.get_extra_info("peername")[0], listen[1]), [])
             try:
                 up_reader, up_writer = await asyncio.open_connection(*target)
             except OSError:
                 writer.close()
                 return
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            await asyncio.gather(_pipe(reader, up_writer, heard), _pipe(up_reader, writer))
 
         return await asyncio.start_server(connected, *listen, reuse_address=True)
 
@@ -202,9 +210,13 @@ def probe_like_the_server(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, GONE_AFTER * 1000)
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _pipe(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, heard: list[float] | None = None
+) -> None:
     try:
         while data := await reader.read(1 << 16):
+            if heard is not None:
+                heard.append(time.time())
             writer.write(data)
             await writer.drain()
     except (ConnectionError, OSError):

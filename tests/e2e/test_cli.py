@@ -85,6 +85,19 @@ def test_a_second_demo_on_the_same_store_is_refused_in_one_line(tmp_path: Path) 
     assert "makespan" not in again.stdout
 
 
+@pytest.mark.realtime
+def test_the_demo_in_80_columns_shows_every_gate_name_whole(tmp_path: Path) -> None:
+    small = ("--no-progress", "--episodes", "1", "--shots", "1", "--low-batch", "0")
+    done = headrace("demo", *small, "--window", "1s", cwd=tmp_path, env={"COLUMNS": "80"})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "…" not in done.stdout  # nothing ellipsized
+    gates = "\n".join(lines[next(n for n, line in enumerate(lines) if line.startswith("Gates")) :])
+    for name in ("local:assembly", "provider:image", "provider:speech", "provider:video"):
+        assert re.search(rf"│ {re.escape(name)} +│", gates), done.stdout
+
+
 def test_worker_takes_the_app_once() -> None:
     done = headrace("worker", "tests.e2e.cli_app:app", "--app", "tests.e2e.cli_app:make_app")
     assert done.returncode == 2

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from .commands import ROOT, environment
+from tests.integration.postgres import fresh_schema
+
+from .commands import ROOT, environment, headrace
 
 README = ROOT / "README.md"
 HOW_TO = ROOT / "docs" / "how-to.md"
@@ -154,3 +156,30 @@ def test_the_how_to_programs_are_found() -> None:
     found = programs(HOW_TO.read_text())
     assert len(found) >= 10
     assert sum(program.expected is not None for program in found) >= 8
+
+
+# What the PostgreSQL guides say `headrace db upgrade` prints: the command they show, run on a
+# schema of its own, prints the same versions.
+UPGRADE_PAGES = [ROOT / "docs" / name for name in ("deploy-postgres.md", "service.md", "how-to.md")]
+VERSIONS = re.compile(r"(?:schema version |`)(\d+) -> (\d+)")
+
+
+def upgrade_figures(page: Path) -> list[tuple[int, int]]:
+    """Every `schema version A -> B` (or `` `A -> B` ``) a page gives, as (A, B)."""
+    return [(int(a), int(b)) for a, b in VERSIONS.findall(page.read_text())]
+
+
+def test_the_schema_versions_the_docs_give_are_what_db_upgrade_prints() -> None:
+    with fresh_schema("docs_upgrade") as url:
+        printed = [headrace("db", "upgrade", "--db", url).stdout.strip() for _ in range(2)]
+    first, again = (VERSIONS.search(line) for line in printed)
+    assert first is not None and again is not None, printed
+    latest = int(first[2])
+    assert (int(first[1]), latest) == (0, latest) and printed[
+        1
+    ] == f"schema version {latest} -> {latest}"
+    for page in UPGRADE_PAGES:
+        figures = upgrade_figures(page)
+        assert figures, f"{page.name}: no `schema version A -> B` found"
+        assert (0, latest) in figures, (page.name, figures)  # the first run, as the page says
+        assert {after for _, after in figures} == {latest}, (page.name, figures)

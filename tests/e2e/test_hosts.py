@@ -10,8 +10,13 @@ again, as a supervisor would). Then:
   sweep of the moment it was lost; a task lost beside others runs alone, so those lost together
   run one after another on the worker that takes them, each within the sweep's slack of the
   one before it ending;
-- the cut host, when its link returns, has its late outcomes refused and logs that it lost its
-  leases.
+- the cut host, when its link returns, talks to PostgreSQL again within about 10 s, has its
+  late outcomes refused and logs that it lost its leases.
+
+A second test cuts a host's link while it waits for the server's answer: with keepalives and a
+limit on unacknowledged data on its side (`connection.CLIENT_SIDE`) it finds the connection
+dead while the link is down and asks again on a new one once it is back; without them it waits
+for ever.
 
 Default worker settings (a 30 s lease). Needs root for the namespaces; skips without, with the
 reason printed, and fails when `CI` is set.
@@ -25,7 +30,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -57,6 +62,9 @@ CUT_FOR = LEASE + 15.0
 APP = "headrace.pipelines.moderation.deploy:make_app"
 PORT = 8080
 UPLOADS = 60
+# Seconds from the cut link's return to the cut host's first bytes to PostgreSQL: a connection
+# attempt gives up after 5 s (`connect_timeout`), a worker waits at most 5 s between tries.
+RESUMES_WITHIN = 12.0
 
 
 @dataclass
@@ -65,6 +73,7 @@ class Burst:
     resent: int = 0
     cut_at: float | None = None  # store time
     mended_at: float | None = None
+    mended_wall: float | None = None  # time.time(), as the forwarder notes what it hears
     killed_at: float | None = None
 
     def lost_at(self, worker: str) -> float | None:
@@ -116,14 +125,20 @@ def test_a_burst_across_three_hosts_survives_a_cut_link_and_a_killed_worker(
             (gateway, pg_port): ("127.0.0.1", pg_port),
             (gateway, s3.port or 80): (s3.hostname or "127.0.0.1", s3.port or 80),
         }
-        with hosts.Forwarder(routes):
+        with hosts.Forwarder(routes) as forwarder:
             env = host_env(tmp_path, on_link(url, gateway), bucket, on_link(endpoint, gateway))
             burst = run_burst(net, env, tmp_path, tokens["uploader"], url)
+        cut_host = net.hosts["w1"].address
+    assert burst.mended_wall is not None
+    heard = forwarder.heard(cut_host, pg_port, after=burst.mended_wall)
+    resumed = None if heard is None else heard - burst.mended_wall
     logs = {name: (tmp_path / f"{name}.log").read_text() for name in ("api", "w1", "w2", "w2b")}
     tasks, attempts, items = read_everything(url)
     keys = objectstore.keys_in(bucket)
     report(burst, tasks, attempts, items, keys)
+    print(f"the cut host talked to PostgreSQL again {resumed} s after its link returned")
     check(burst, tasks, attempts, items, keys, logs)
+    assert resumed is not None and resumed <= RESUMES_WITHIN, resumed
 
 
 def host_env(tmp_path: Path, db: str, bucket: str, endpoint: str) -> dict[str, str]:
@@ -277,6 +292,7 @@ async def make_chaos(
     burst.cut_at = await store.now()
     await asyncio.sleep(CUT_FOR)
     net.mend("w1")
+    burst.mended_wall = time.time()
     burst.mended_at = await store.now()
 
 
@@ -316,22 +332,41 @@ def read_everything(url: str) -> tuple[list[TaskRecord], list[Attempt], dict[str
     return asyncio.run(read())
 
 
-def derivative_sets(
-    keys: list[str],
-) -> tuple[Counter[tuple[str, str]], dict[tuple[str, str], set[str]]]:
-    """Per (media id, stage version): how many manifests, and which attempts left objects."""
-    manifests: Counter[tuple[str, str]] = Counter()
-    attempts: dict[tuple[str, str], set[str]] = defaultdict(set)
+@dataclass
+class DerivativeSet:
+    """What the bucket holds of one (media id, stage version): its manifests, and the attempts
+    whose objects are there (`derived/<media id>/<stage>.v<n>/<attempt>/<file>`)."""
+
+    manifests: int = 0
+    attempts: set[str] = field(default_factory=set)
+
+
+def derivative_sets(keys: list[str]) -> dict[tuple[str, str], DerivativeSet]:
+    """Per (media id, stage version), what the listing `keys` holds of it."""
+    sets: dict[tuple[str, str], DerivativeSet] = defaultdict(DerivativeSet)
     for key in keys:
         parts = key.split("/")
         if len(parts) < 5 or parts[1] != "derived":
             continue
-        where = (parts[2], parts[3])
+        found = sets[(parts[2], parts[3])]
         if parts[4] == "manifest.json":
-            manifests[where] += 1
+            found.manifests += 1
         else:
-            attempts[where].add(parts[4])
-    return manifests, attempts
+            found.attempts.add(parts[4])
+    return dict(sets)
+
+
+def check_one_set_each(keys: list[str], derived: Mapping[str, str]) -> None:
+    """Each (media id, stage version) in the listing has one manifest and the objects of one
+    attempt, the one its item's record names (`derived`: media id -> the set's prefix): a
+    second attempt's objects beside them, or none, fail. Every item that names a set has it."""
+    sets = derivative_sets(keys)
+    for (media_id, stage), found in sets.items():
+        assert found.manifests == 1, (media_id, stage, found)
+        assert len(found.attempts) == 1, (media_id, stage, found)  # one attempt's objects
+        named = derived.get(media_id, "")
+        assert named.endswith(f"/{stage}/{next(iter(found.attempts))}"), (media_id, named, found)
+    assert {media_id for media_id, _ in sets} >= derived.keys()
 
 
 def history(
@@ -370,8 +405,8 @@ def report(
 ) -> None:
     states = Counter(record.state for record in items.values())
     lost = Counter(a.worker for a, _ in lost_leases(attempts))
-    manifests, made = derivative_sets(keys)
-    extra = sum(len(prefixes) - 1 for prefixes in made.values() if len(prefixes) > 1)
+    sets = derivative_sets(keys)
+    extra = sum(len(found.attempts) - 1 for found in sets.values() if len(found.attempts) > 1)
     delays = [
         after.started_at - lost_at
         for gone, after in lost_leases(attempts)
@@ -381,7 +416,7 @@ def report(
         f"cut {burst.cut_at}, mended {burst.mended_at}, killed {burst.killed_at}; "
         f"{len(burst.acknowledged)} uploads acknowledged ({burst.resent} sent again), "
         f"{len(tasks)} tasks, {len(attempts)} attempts; items {dict(states)}; "
-        f"leases lost by host {dict(lost)}; {sum(manifests.values())} derivative sets, "
+        f"leases lost by host {dict(lost)}; {len(sets)} derivative sets, "
         f"{extra} attempts' objects beside them; claimed again at most "
         f"{max(delays, default=0.0):.1f} s after the loss"
     )
@@ -439,13 +474,122 @@ def check(
     unsettled = [r.id for r in items.values() if not ItemState(r.state).settled]
     assert unsettled == [], history(unsettled, tasks, attempts, items)  # every item is final
     assert all(task.state.terminal for task in tasks)
-    manifests, _ = derivative_sets(keys)
-    assert manifests and set(manifests.values()) == {1}  # one set per (media id, stage version)
-    derived = [r for r in items.values() if r.body.get("derived")]
-    assert {r.id for r in derived} <= {media_id for media_id, _ in manifests}
+    derived = {r.id: str(r.body["derived"]) for r in items.values() if r.body.get("derived")}
+    assert derived  # photos were derived
+    check_one_set_each(keys, derived)  # one set per (media id, stage version), what it wrote
     assert burst.cut_at is not None and burst.killed_at is not None
     reclaimed = lost_leases(attempts)
     assert {a.worker for a, _ in reclaimed} >= {"w1", "w2"}  # both hosts lost work
     check_claimed_again_in_time(burst, reclaimed)
     assert "lease lost" in logs["w1"]  # the mended host was refused, and says so
     assert "Traceback" not in logs["api"]
+
+
+# A host whose link goes while it waits for the server's answer: once the link is back, the
+# host must not wait on for an answer that will never come.
+
+# Seconds the link stays down: longer than the server's side takes to give up on the host
+# (the forwarder, standing in for it, does as the server does) and than the client's own
+# keepalives take to find the connection dead (10 s, then 3 probes 5 s apart).
+DOWN_FOR = 35.0
+ASKING = """
+import asyncio, sys, time
+import psycopg
+from headrace.store.postgres import PostgresStore
+from headrace.store.types import Settings
+
+async def main(url: str) -> None:
+    store = PostgresStore.from_url(url)
+    await store.open(Settings())
+    print("asking", flush=True)
+    while True:  # as the store runs a verb again on another connection when one breaks
+        try:
+            async with store._require_pool().connection() as conn:
+                await conn.execute("SELECT pg_sleep(2)")
+            break
+        except psycopg.OperationalError:
+            await asyncio.sleep(0.5)
+    print("answered", time.time(), flush=True)
+    await store.close()
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_a_host_cut_off_mid_question_is_answered_within_seconds_of_its_links_return(
+    tmp_path: Path,
+) -> None:
+    """Without keepalives on its side, the client waits for ever on a connection whose other
+    end is gone (the worker that stayed without a store 72 s after its link came back)."""
+    skip_without_namespaces()
+    log = tmp_path / "asking.log"
+    with fresh_schema("hosts_asking") as url:
+        assert headrace("db", "upgrade", "--db", url).returncode == 0
+        pg_port = urlsplit(url).port or 5432
+        with hosts.network(["w"]) as net:
+            routes = {(net.gateway, pg_port): ("127.0.0.1", pg_port)}
+            with hosts.Forwarder(routes):
+                command = [sys.executable, "-c", ASKING, on_link(url, net.gateway)]
+                env = environment({"PYTHONPATH": ":".join(sys.path)})
+                asking = net.start("w", command, env=env, log=str(log))
+                until_logged(log, "asking", asking)
+                time.sleep(0.5)  # the question is on its way, its answer two seconds off
+                net.cut("w")
+                time.sleep(DOWN_FOR)
+                net.mend("w")
+                mended = time.time()
+                try:
+                    asking.wait(timeout=RESUMES_WITHIN + 10)
+                except subprocess.TimeoutExpired:
+                    pass  # still waiting for its answer: the assertion below says so
+                finally:
+                    asking.kill()
+                    asking.wait()
+    said = log.read_text()
+    assert "answered" in said, f"no answer {RESUMES_WITHIN + 10:g} s after the link returned"
+    answered = float(said.split("answered")[-1].split()[0])
+    print(f"answered {answered - mended:.2f} s after the link returned")
+    assert answered - mended <= RESUMES_WITHIN
+
+
+def until_logged(log: Path, word: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        if log.exists() and word in log.read_text():
+            return
+        time.sleep(0.1)
+    raise AssertionError(log.read_text() if log.exists() else f"{word!r} never logged")
+
+
+# The check of the bucket's listing, on listings made here (no hosts needed).
+
+MEDIA = "0123456789abcdef0123456789abcdef"
+SET = f"media/derived/{MEDIA}/derive.v2"
+
+
+def listing(*attempts: str, manifest: bool = True) -> list[str]:
+    keys = [f"{SET}/manifest.json"] if manifest else []
+    for attempt in attempts:
+        keys += [f"{SET}/{attempt}/preview.webp", f"{SET}/{attempt}/metadata.json"]
+    return sorted(keys)
+
+
+RECORDS = {MEDIA: f"derived/{MEDIA}/derive.v2/attempt-aaaa"}
+
+
+def test_the_listing_check_passes_one_attempts_set() -> None:
+    check_one_set_each(listing("attempt-aaaa"), RECORDS)
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        listing("attempt-aaaa", "attempt-bbbb"),  # a second attempt's files beside the set
+        listing("attempt-bbbb"),  # not the attempt the item's record names
+        listing("attempt-aaaa", manifest=False),
+        listing(),
+    ],
+)
+def test_the_listing_check_fails_anything_but_one_set_per_stage_version(keys: list[str]) -> None:
+    with pytest.raises(AssertionError):
+        check_one_set_each(keys, RECORDS)

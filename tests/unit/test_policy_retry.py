@@ -157,3 +157,18 @@ def test_retry_after_beyond_the_cap_is_still_honoured() -> None:
 def test_bad_policies_are_refused(kwargs: dict[str, object], field: str) -> None:
     with pytest.raises(ConfigError, match=field):
         RetryPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+@given(st.integers(1, 200), seeds)
+@settings(max_examples=300, deadline=None)
+def test_an_outage_is_always_retried_on_the_curve_at_most_outage_max_delay_apart(
+    outages: int, seed: int
+) -> None:
+    decision = POLICY.after_outage(outages, random.Random(seed))
+    assert decision.action is Action.RETRY and decision.reason == "outage"
+    assert decision.delay == min(POLICY.backoff(outages, random.Random(seed)), 30.0)
+
+
+def test_outage_max_delay_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match="outage_max_delay"):
+        RetryPolicy(outage_max_delay=0)

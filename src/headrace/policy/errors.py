@@ -7,6 +7,7 @@ HeadraceError
 ├── TaskFailure            raised by handlers and adapters: what went wrong with an attempt
 │   ├── RateLimited        retry later and penalise the gate (vendor said "slow down")
 │   ├── Transient          retry later (timeouts, 5xx, unknown vendor codes)
+│   │   └── Unavailable    a service the task needs is down: retry later, attempts not spent
 │   ├── Fatal              never retry (auth, balance, bad parameters, moderation)
 │   └── RemoteFailed       a poller's word that the remote job itself ended in failure
 └── StoreError             the durable store refused an operation
@@ -66,6 +67,8 @@ class TaskFailure(HeadraceError):
     """A failed attempt. `code` is safe to store and show; `message` is redacted before storing."""
 
     error_class: ErrorClass = ErrorClass.TRANSIENT
+    # True: a service the task needs is down (`Unavailable`), which is no fault of the task's
+    outage: bool = False
 
     def __init__(self, message: str = "", *, code: str | None = None) -> None:
         super().__init__(message)
@@ -99,6 +102,14 @@ class Transient(TaskFailure):
     """A failure a later attempt may not see: retried with backoff."""
 
     error_class = ErrorClass.TRANSIENT
+
+
+class Unavailable(Transient):
+    """A service the task needs cannot be reached (a media store, a scanner): nothing is wrong
+    with the task, so its attempt is not counted against `max_attempts`; it is retried with a
+    growing backoff (at most `RetryPolicy.outage_max_delay` apart) until the service answers."""
+
+    outage = True
 
 
 class Fatal(TaskFailure):

@@ -183,6 +183,8 @@ class App:
         self._opening = asyncio.Lock()
         self._listeners: set[asyncio.Event] = set()
         self._on_close: list[Callable[[], Awaitable[object]]] = []
+        self._on_start: list[Callable[[], Awaitable[object]]] = []
+        self._started = False  # the start checks passed (they run once)
 
     # -- declaration
 
@@ -359,6 +361,22 @@ class App:
         """Run `hook` in every prune, after the store's rows (a pipeline's records and files):
         it gets the run (`PruneRun`) and returns how many of each kind it removed."""
         self.prune_hooks.append(hook)
+
+    def on_start(self, check: Callable[[], Awaitable[object]]) -> None:
+        """Run `check` before this app's workers first take work (`Worker.run`, `headrace
+        worker`, `headrace serve`): that a storage the handlers need answers, for instance.
+        What it raises stops the worker before it claims anything."""
+        self._on_start.append(check)
+
+    async def check_start(self) -> None:
+        """Run the start checks (`on_start`), once per app: a process whose checks passed
+        starts its other workers without running them again."""
+        if self._started:
+            return
+        await self.open()
+        for check in self._on_start:
+            await check()
+        self._started = True
 
     def on_close(self, callback: Callable[[], Awaitable[object]]) -> None:
         """Run `callback` when the app closes (e.g. close a provider's HTTP client)."""

@@ -197,7 +197,10 @@ class Worker:
 
     async def run(self, *, handle_signals: bool = False) -> None:
         """Work until `stop()` (or SIGINT/SIGTERM with `handle_signals`), then shut down
-        gracefully: running handlers get `grace` seconds, the rest are released for others."""
+        gracefully: running handlers get `grace` seconds, the rest are released for others.
+        The app's start checks (`App.on_start`) run first: what they raise stops the worker
+        before it claims anything."""
+        await self.app.check_start()  # before anything is claimed
         restore = self._install_signals() if handle_signals else None
         try:
             await self._serve(until_idle=False)
@@ -650,6 +653,8 @@ class Worker:
         return Succeeded(cost=cost, successors=tuple(ctx.successors))
 
     def _failed(self, lease: Lease, definition: TaskDefinition, failure: TaskFailure) -> Outcome:
+        if failure.outage:
+            return self._outage_retry(lease, definition, failure)
         retry_after = getattr(failure, "retry_after", None)
         decision = definition.options.retry.decide(
             lease.task.attempts_used, failure.error_class, self.rng, retry_after
@@ -660,6 +665,18 @@ class Worker:
             return Dead(error, penalize)
         self.stats.backoffs.append(decision.delay)
         return Retry(error, decision.delay, penalize)
+
+    def _outage_retry(
+        self, lease: Lease, definition: TaskDefinition, failure: TaskFailure
+    ) -> Outcome:
+        """A service the task needs is down: retried later, the attempt not counted, backing
+        off by the attempts not counted so far (mostly earlier outages)."""
+        task = lease.task
+        outages = task.attempt - task.attempts_used + 1
+        decision = definition.options.retry.after_outage(outages, self.rng)
+        self.stats.backoffs.append(decision.delay)
+        error = AttemptError.of(failure.error_class, failure.code, failure.message)
+        return Retry(error, decision.delay, counted=False)
 
     def _penalized(self, lease: Lease, failure: TaskFailure) -> tuple[str, ...]:
         named = getattr(failure, "gate", None)

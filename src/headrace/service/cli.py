@@ -287,6 +287,7 @@ async def _serve(runner: Worker, target: str) -> None:
     app = runner.app
     try:
         await app.open()
+        await app.check_start()  # before the first log line: a failure is one line
         logs.worker_started(runner, target)
         await runner.run(handle_signals=True)
     finally:

@@ -17,8 +17,7 @@ from rich.console import Console
 
 from headrace.pipelines.moderation.burst import Burst
 from headrace.pipelines.moderation.deploy import make_moderation
-from headrace.pipelines.moderation.media import MediaStore, MediaUnavailable
-from headrace.pipelines.moderation.pipeline import Admission
+from headrace.pipelines.moderation.pipeline import Admission, Moderation
 from headrace.pipelines.moderation.review import ReviewRules
 from headrace.pipelines.moderation.scan import ClamdScanner
 from headrace.pipelines.providersim import parse_inject, parse_quotas, parse_spreads, run_server
@@ -37,7 +36,7 @@ from headrace.service.cli import (
     with_retention,
 )
 from headrace.service.demo import DemoOptions, run_demo
-from headrace.service.failures import CommandFailed, CommandGroup, WrongInput, use_store
+from headrace.service.failures import CommandGroup, WrongInput, use_store
 from headrace.service.moderation_demo import ModerationDemoOptions, run_moderation_demo
 from headrace.service.notify import OutboxRelay
 from headrace.service.serve import ServeOptions, webhook_secrets
@@ -370,7 +369,7 @@ def serve(
     moderation = make_moderation(url, media, clamd, admission=admission, review=review)
     with_retention(moderation.app, retention)
     use_store(moderation.app.url)
-    check_media(moderation.media)
+    check_media(moderation)
     if clamd is not None and not ClamdScanner(clamd).ping():
         raise WrongInput(f"--clamd {clamd}: no clamd answers there; start clamd or leave it out")
     settings = ApiSettings(
@@ -406,15 +405,17 @@ def lease_seconds(given: str) -> float:
     return lease
 
 
-def check_media(media: MediaStore) -> None:
-    """Fail in one line, before serving, when the media store cannot be used."""
-    try:
-        asyncio.run(media.check())
-    except MediaUnavailable as error:
-        raise CommandFailed(
-            f"--media {media.describe()}: {error.reason}; check the endpoint, the bucket and "
-            "the credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)"
-        ) from None
+def check_media(moderation: Moderation) -> None:
+    """Fail in one line, before serving, when the media store cannot be used: the checks a
+    worker process runs at start (`pipelines/moderation/originals.py`), once for the process."""
+
+    async def checked() -> None:
+        try:
+            await moderation.app.check_start()
+        finally:
+            await moderation.app.close()
+
+    asyncio.run(checked())
 
 
 @click.command("prune")

@@ -115,10 +115,14 @@ def _gates_table(report: ScenarioReport) -> Table:
     table = Table(
         title="Gates (refusals: no token = rate window full, at cap = concurrency full)",
         title_justify="left",
+        collapse_padding=True,
     )
-    columns = ("gate", "cap", "rate", "granted", "no token", "at cap")
-    for column in (*columns, "rate-limited", "peak", "1st jam"):
-        table.add_column(column, justify="left" if column == "gate" else "right")
+    # In a narrow terminal (80 columns) the figures' headers wrap at their spaces and a gate's
+    # name keeps its width; what still does not fit is folded onto the next line, never cut.
+    table.add_column("gate", no_wrap=True, overflow="fold")
+    for column in ("cap", "rate", "granted", "no token", "at cap", "rate limited", "peak"):
+        table.add_column(column, justify="right", overflow="fold")
+    table.add_column("1st jam", justify="right", overflow="fold")
     for gate in report.gates:
         rate = f"{gate.rate.n}/{gate.rate.window:g}s" if gate.rate else "-"
         jam = gate.first_blocked_at

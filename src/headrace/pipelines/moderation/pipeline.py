@@ -60,6 +60,7 @@ from headrace.pipelines.moderation.media import (
     TooLarge,
     check_media_id,
 )
+from headrace.pipelines.moderation.originals import Originals
 from headrace.pipelines.moderation.probe import (
     DEFAULT_LIMITS,
     Limits,
@@ -381,6 +382,7 @@ class Moderation:
         self.app = app
         self.media = media
         self.records = Records(app)
+        self.originals = Originals(app, media)
         self.limits = dict(limits or DEFAULT_LIMITS)
         if work is None:
             if scanner is None:
@@ -397,6 +399,8 @@ class Moderation:
         self.reviews = Review(self, review)
 
         app.on_prune(Upkeep(self).prune)
+        # A worker process checks its media store before it takes work (originals.py).
+        app.on_start(self.originals.check_at_start)
 
     # -- accepting
 
@@ -589,7 +593,7 @@ class Moderation:
         async def validate(ctx: hr.Context, media_id: str) -> None:
             item = await records.get(media_id)
             try:
-                async with self.media.original(item.digest) as original:
+                async with self.originals.of(media_id, item.digest) as original:
                     found = await work.probe(original)
             except Refused as refused:
                 await records.write_if(
@@ -621,10 +625,10 @@ class Moderation:
         async def scan(ctx: hr.Context, media_id: str) -> None:
             item = await records.get(media_id)
             try:
-                async with self.media.original(item.digest) as original:
+                async with self.originals.of(media_id, item.digest) as original:
                     verdict = await work.scan(original)
             except ScanUnavailable as error:
-                raise hr.Transient(str(error), code="scan.unavailable") from None
+                raise hr.Unavailable(str(error), code="scan.unavailable") from None
             if verdict.infected:
                 await records.write_if(
                     media_id, ItemState.VALIDATED, ItemState.QUARANTINED, reason=verdict.signature
@@ -688,7 +692,7 @@ class Moderation:
         (a worker that died after making them, a racing second attempt)."""
 
         async def make(into: Path) -> None:
-            async with self.media.original(item.digest) as original:
+            async with self.originals.of(item.media_id, item.digest) as original:
                 await self.work.derive(original, into)
 
         return await self.media.derive_once(item.media_id, "derive", DERIVE_VERSION, make)

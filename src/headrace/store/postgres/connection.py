@@ -42,6 +42,27 @@ KEY_INDEX = "tasks_key"  # a unique violation on it: another writer took a key f
 # A session lost: the link or the server went (OperationalError), or the server ended a
 # session that sat too long inside a transaction (this process stalled).
 SESSION_LOST = (psycopg.OperationalError, pgerrors.IdleInTransactionSessionTimeout)
+# What the client asks of its own side of each connection (libpq's parameters), unless the URL
+# names them: without them a connection attempt made while a link is down waits for the
+# system's SYN retries (about two minutes, their last a minute apart, so a worker may stay
+# cut off a minute after its link returns), and a connection that went quiet is trusted for
+# hours. With them an attempt gives up after CONNECT_TIMEOUT seconds and the next one starts
+# fresh, and a connection whose server stopped answering is found in the time the server
+# takes to find a client gone (its keepalives, store.py): `PROBE_IDLE` quiet seconds, then
+# `PROBES` probes `PROBE_INTERVAL` apart, or as long with data unacknowledged.
+CONNECT_TIMEOUT = 5
+PROBE_IDLE = 10
+PROBE_INTERVAL = 5
+PROBES = 3
+GONE_AFTER = PROBE_IDLE + PROBE_INTERVAL * PROBES
+CLIENT_SIDE = {
+    "connect_timeout": str(CONNECT_TIMEOUT),
+    "keepalives": "1",
+    "keepalives_idle": str(PROBE_IDLE),
+    "keepalives_interval": str(PROBE_INTERVAL),
+    "keepalives_count": str(PROBES),
+    "tcp_user_timeout": str(GONE_AFTER * 1000),
+}
 
 
 class PipelineDriver:
@@ -280,6 +301,14 @@ async def check_connection(conn: Connection) -> None:
             pgconn.consume_input()
     if conn.closed or pgconn.status != ConnStatus.OK:
         raise psycopg.OperationalError("the server closed the connection")
+
+
+def client_side(dsn: str) -> str:
+    """`dsn` with the client's timeouts and keepalives (`CLIENT_SIDE`) that it does not set
+    itself: a value the URL gives wins."""
+    given = conninfo_to_dict(dsn)
+    missing = {name: value for name, value in CLIENT_SIDE.items() if name not in given}
+    return make_conninfo(dsn, **missing) if missing else dsn
 
 
 def named(dsn: str, application_name: str) -> str:

@@ -63,6 +63,10 @@ from headrace.store.machine import (
     task_row,
 )
 from headrace.store.postgres.connection import (
+    GONE_AFTER,
+    PROBE_IDLE,
+    PROBE_INTERVAL,
+    PROBES,
     QUERIES,
     SESSION_LOST,
     Again,
@@ -73,6 +77,7 @@ from headrace.store.postgres.connection import (
     bool_option,
     check_connection,
     check_pool_sizes,
+    client_side,
     int_option,
     migrate,
     named,
@@ -109,14 +114,11 @@ RECONNECT_TIMEOUT = POOL_TIMEOUT
 # with it): a host whose link is cut mid-transaction holds up others for this long, not until
 # TCP gives up on it (hours). The store's own transactions wait on the client for microseconds.
 IDLE_IN_TRANSACTION = 10.0
-# TCP keepalive probes the server sends on a pooled session: the first after PROBE_IDLE quiet
-# seconds, then every PROBE_INTERVAL; PROBES unanswered end the session, as does data left
-# unacknowledged for as long. A host gone (power, link) is found in about 25 s in any state,
-# mid-statement included, where the limit above does not apply.
-PROBE_IDLE = 10
-PROBE_INTERVAL = 5
-PROBES = 3
-GONE_AFTER = PROBE_IDLE + PROBE_INTERVAL * PROBES
+# TCP keepalive probes the server sends on a pooled session (as the client does on its side,
+# connection.py): the first after PROBE_IDLE quiet seconds, then every PROBE_INTERVAL; PROBES
+# unanswered end the session, as does data left unacknowledged for as long. A host gone
+# (power, link) is found in about 25 s in any state, mid-statement included, where the limit
+# above does not apply.
 # Seconds `now()` reuses the server's last answer, moved on by the host's monotonic clock.
 CLOCK_REUSE = 1.0
 # A pooled connection prepares a statement the first time it runs it (psycopg's default, the
@@ -178,7 +180,7 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         self._last_now = -math.inf
         self._clock_question: asyncio.Task[tuple[float, float]] | None = None
         self._sweeps = Sweeps()
-        self._listener = Listener(named(dsn, f"headrace-listen/{schema}"), self._compose("listen"))
+        self._listener = Listener(self._conninfo("headrace-listen"), self._compose("listen"))
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock | None = None) -> PostgresStore:
@@ -226,7 +228,7 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         """Apply the migrations the schema lacks, on a connection of its own; return the schema
         version before and after."""
         connect = psycopg.AsyncConnection.connect(
-            named(self.dsn, f"headrace/{self.schema}"), autocommit=True, row_factory=dict_row
+            self._conninfo("headrace"), autocommit=True, row_factory=dict_row
         )
         conn = await translated(connect)
         async with conn:
@@ -453,7 +455,7 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
 
     def _new_pool(self) -> AsyncConnectionPool[Connection]:
         return AsyncConnectionPool(
-            named(self.dsn, f"headrace/{self.schema}"),
+            self._conninfo("headrace"),
             connection_class=Connection,
             kwargs={
                 "autocommit": True,
@@ -484,6 +486,11 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
             "unacked_ms": str(GONE_AFTER * 1000),
         }
         await conn.execute(self._queries["bound_quiet_sessions"].text, limits)
+
+    def _conninfo(self, application: str) -> str:
+        """What a connection of this store is opened with: the URL's, with the client's
+        timeouts and keepalives (`client_side`) and a name in pg_stat_activity."""
+        return named(client_side(self.dsn), f"{application}/{self.schema}")
 
     def _compose(self, query: str) -> pgsql.Composed:
         """A statement that names the schema or channel, which parameters cannot."""

@@ -10,7 +10,12 @@ from headrace.pipelines.moderation.media.backend import (
     Streamed,
 )
 from headrace.pipelines.moderation.media.directory import DirectoryBackend
-from headrace.pipelines.moderation.media.errors import MediaUnavailable, MissingMedia, TooLarge
+from headrace.pipelines.moderation.media.errors import (
+    MediaStoreUnusable,
+    MediaUnavailable,
+    MissingMedia,
+    TooLarge,
+)
 from headrace.pipelines.moderation.media.s3 import S3Backend, S3Location
 from headrace.pipelines.moderation.media.store import (
     Blob,
@@ -30,6 +35,7 @@ __all__ = [
     "DirectoryBackend",
     "LocalFile",
     "MediaStore",
+    "MediaStoreUnusable",
     "MediaUnavailable",
     "MissingMedia",
     "S3Backend",

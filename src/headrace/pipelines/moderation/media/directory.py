@@ -5,6 +5,10 @@ An object is written to a temporary file under `root/tmp` first (the scratch dir
 same filesystem), flushed to disk, then hard-linked into place: a reader never sees half a file,
 and a conditional write (`create`) is a link that fails when its name is taken. Every verb runs
 in a thread of its own (`off_loop`), so the event loop never waits on the disk.
+
+The directory failing (an I/O error, a stale handle, a permission taken away), or missing (a
+network filesystem not mounted, a volume moved) when an original is read, is
+`MediaUnavailable`: an outage, not a missing object.
 """
 
 from __future__ import annotations
@@ -13,11 +17,12 @@ import contextlib
 import os
 import secrets
 import shutil
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
 from headrace.pipelines.moderation.media.backend import LocalFile, Served, scratch_file
+from headrace.pipelines.moderation.media.errors import MediaUnavailable
 from headrace.policy.errors import ConfigError
 from headrace.runtime.calls import off_loop
 
@@ -48,40 +53,61 @@ class DirectoryBackend:
         return self.root.joinpath(*parts)
 
     async def exists(self, key: str) -> bool:
-        return await off_loop(self.path(key).is_file)
+        with _translated("head", key):
+            return await off_loop(self.path(key).is_file)
 
     async def read(self, key: str) -> bytes | None:
-        return await off_loop(_read, self.path(key))
+        with _translated("get", key):
+            return await off_loop(_read, self.path(key))
 
     async def put_file(self, key: str, path: Path) -> None:
-        await off_loop(_link_into_place, path, self.path(key))
+        with _translated("put", key):
+            await off_loop(_link_into_place, path, self.path(key))
 
     async def create(self, key: str, data: bytes) -> bool:
-        return await off_loop(_create, self.path(key), data, self.scratch)
+        with _translated("put (if none match)", key):
+            return await off_loop(_create, self.path(key), data, self.scratch)
 
     @contextlib.asynccontextmanager
     async def local(self, key: str) -> AsyncIterator[Path | None]:
         path = self.path(key)
-        yield path if await off_loop(path.is_file) else None
+        yield path if await self._found("get", key, off_loop(path.is_file)) else None
 
     async def move(self, key: str, to: str) -> bool:
-        return await off_loop(_rename, self.path(key), self.path(to))
+        with _translated("move", key):
+            return await off_loop(_rename, self.path(key), self.path(to))
 
     async def copy(self, key: str, to: str) -> None:
-        await off_loop(_link_unless_there, self.path(key), self.path(to))
+        with _translated("copy", key):
+            await off_loop(_link_unless_there, self.path(key), self.path(to))
 
     async def delete(self, key: str) -> bool:
-        return await off_loop(_unlink, self.path(key))
+        with _translated("delete", key):
+            return await off_loop(_unlink, self.path(key))
 
     async def delete_under(self, prefix: str) -> int:
-        return await off_loop(_remove_tree, self.path(prefix))
+        with _translated("delete", f"{prefix}/"):
+            return await off_loop(_remove_tree, self.path(prefix))
 
     async def keys(self, prefix: str) -> list[str]:
-        return await off_loop(self._keys, prefix)
+        with _translated("list", f"{prefix}/"):
+            return await off_loop(self._keys, prefix)
 
     async def serve(self, key: str, *, signed: bool) -> Served | None:
         path = self.path(key)
-        return LocalFile(path) if await off_loop(path.is_file) else None
+        with _translated("get", key):
+            return LocalFile(path) if await off_loop(path.is_file) else None
+
+    async def _found(self, operation: str, key: str, looked: Awaitable[T]) -> T:
+        """What a read of an object that must be there (an original) found; when it found
+        nothing, MediaUnavailable if the directory itself is not there: an object of a
+        directory that is gone is not known to be missing. (A directory never written to has
+        none either, which reads of what may not exist yet, a manifest, must allow.)"""
+        with _translated(operation, key):
+            found = await looked
+            if not found and not await off_loop(self.root.is_dir):
+                raise FileNotFoundError(0, "the directory is not there (not mounted, or moved?)")
+        return found
 
     def _keys(self, prefix: str) -> list[str]:
         """The files under `prefix`. A directory that another attempt's sweep removes while
@@ -92,6 +118,17 @@ class DirectoryBackend:
             base = Path(folder).relative_to(self.root)
             keys.extend((base / name).as_posix() for name in names)
         return sorted(keys)
+
+
+@contextlib.contextmanager
+def _translated(operation: str, key: str) -> Iterator[None]:
+    """The file system's failures as MediaUnavailable, naming the operation and the key (a
+    verb that expects an object to be missing handles that itself, before this)."""
+    try:
+        yield
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise MediaUnavailable(operation, key, reason) from error
 
 
 def _read(path: Path) -> bytes | None:

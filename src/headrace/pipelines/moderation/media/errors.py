@@ -3,11 +3,14 @@
 HeadraceError
 ├── TooLarge              an upload went past its size limit; nothing of it was kept
 ├── MissingMedia          an object the caller named is not there (deleted meanwhile)
+├── MediaStoreUnusable    a process was given a media store it cannot use (checked at start)
 ├── ConfigError
 │   └── (a bad `--media` value, a storage that ignores conditional writes)
 └── TaskFailure
     └── Transient
-        └── MediaUnavailable  the storage could not be reached, or refused: retry later
+        └── Unavailable
+            └── MediaUnavailable  the storage could not be reached, or refused: retry later,
+                                  the attempt not counted (an outage is no item's fault)
 
 A storage library's own errors are translated where they are caught (`s3.py`), with a message
 that names the operation and the key, never a credential or a signed URL.
@@ -15,7 +18,7 @@ that names the operation and the key, never a credential or a signed URL.
 
 from __future__ import annotations
 
-from headrace.policy.errors import HeadraceError, Transient
+from headrace.policy.errors import HeadraceError, Unavailable
 
 
 class TooLarge(HeadraceError):
@@ -34,9 +37,15 @@ class MissingMedia(HeadraceError):
         self.key = key
 
 
-class MediaUnavailable(Transient):
-    """The storage could not be reached or refused an operation (`operation` on `key`):
-    retryable, so a stage that meets it runs again later."""
+class MediaStoreUnusable(HeadraceError):
+    """The media store a process was given cannot be used: it does not answer, ignores
+    conditional writes, or holds none of the originals the store's waiting items name. The
+    message names the setting, its value and what to do; a command prints it as its one line."""
+
+
+class MediaUnavailable(Unavailable):
+    """The storage could not be reached or refused an operation (`operation` on `key`): a stage
+    that meets it runs again later, backing off, its attempt not counted."""
 
     def __init__(self, operation: str, key: str, reason: str) -> None:
         super().__init__(

@@ -116,10 +116,12 @@ class BlobWriter:
 
 
 class MediaStore:
-    """The originals and derivatives of a moderation pipeline, kept by `backend`."""
+    """The originals and derivatives of a moderation pipeline, kept by `backend`. `setting`:
+    what named it (`--media`, `HEADRACE_MEDIA`), for a message that says what to change."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, *, setting: str = "media") -> None:
         self.backend = backend
+        self.setting = setting
 
     def describe(self) -> str:
         return self.backend.describe()

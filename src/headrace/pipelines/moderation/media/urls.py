@@ -38,7 +38,7 @@ def open_media(
     where: str | Path, *, field: str = "media", environ: Mapping[str, str] | None = None
 ) -> MediaStore:
     """The media store `where` names; ConfigError naming `field` and what to write."""
-    return MediaStore(media_backend(where, field=field, environ=environ))
+    return MediaStore(media_backend(where, field=field, environ=environ), setting=field)
 
 
 def media_backend(
