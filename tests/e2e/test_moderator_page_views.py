@@ -76,7 +76,7 @@ def test_photos_whole_reasons_by_click_or_key_at_a_phone_and_a_desktop_width(
             assert page.locator("li.flagged-item").count() == 1
             found["queue, desktop"] = described(axe(page))
             page.screenshot(path=str(shots / "moderator-queue-desktop.png"), full_page=True)
-            found.update(photo_whole_and_large(Moderator(page), portrait, "desktop"))
+            found.update(photo_whole_and_large(Moderator(page), portrait, "desktop", shots))
             found.update(reasons_by_click_and_key(Moderator(page), server, portrait, landscape))
 
             phone = browser.new_context(viewport=PHONE, has_touch=True).new_page()
@@ -86,8 +86,9 @@ def test_photos_whole_reasons_by_click_or_key_at_a_phone_and_a_desktop_width(
             phone.screenshot(path=str(shots / "moderator-queue-390px.png"), full_page=True)
             found["queue, 390 px"] = described(axe(phone))
             fits_a_phone(phone)
-            found.update(photo_whole_and_large(Moderator(phone), phone_photo, "390 px"))
-            found.update(decided_at_a_phone_width(Moderator(phone), server, phone_photo, note))
+            moderator = Moderator(phone)
+            found.update(photo_whole_and_large(moderator, phone_photo, "390 px", shots))
+            found.update(decided_at_a_phone_width(moderator, server, phone_photo, note, shots))
 
             without_script(browser, server, clip)
         finally:
@@ -99,7 +100,9 @@ def test_photos_whole_reasons_by_click_or_key_at_a_phone_and_a_desktop_width(
 FLAGGED = ("refused", "quarantined")
 
 
-def photo_whole_and_large(m: Moderator, media_id: str, width: str) -> dict[str, list[str]]:
+def photo_whole_and_large(
+    m: Moderator, media_id: str, width: str, shots: Path
+) -> dict[str, list[str]]:
     """A banded portrait (3:5): whole in its card; a click on it opens it large (whole again), Esc
     closes; Enter on the card opens it, the Close button closes; the card has the focus back."""
     page, card = m.page, m.card(media_id)
@@ -123,6 +126,7 @@ def photo_whole_and_large(m: Moderator, media_id: str, width: str) -> dict[str, 
     red, blue = bands_seen(large.screenshot())
     assert red > 500 and blue > 500, (red, blue)
     within_width(page, page.locator("#preview"))
+    page.screenshot(path=str(shots / f"moderator-photo-large-{width.replace(' ', '')}.png"))
     violations = {f"photo large, {width}": described(axe(page))}
     page.keyboard.press("Escape")
     assert not page.locator("#preview").evaluate("d => d.open")
@@ -183,7 +187,7 @@ def fits_a_phone(page: Page) -> None:
 
 
 def decided_at_a_phone_width(
-    m: Moderator, server: Server, photo: str, note: str
+    m: Moderator, server: Server, photo: str, note: str, shots: Path
 ) -> dict[str, list[str]]:
     """A tap on a card's Approve; a tap on Reject, then on a reason in the dialog."""
     m.card(photo).get_by_role("button", name="Approve").tap()
@@ -194,6 +198,7 @@ def decided_at_a_phone_width(
     m.card(note).get_by_role("button", name="Reject").tap()
     dialog = m.page.locator("#reasons")
     within_width(m.page, dialog)
+    m.page.screenshot(path=str(shots / "moderator-reasons-390px.png"))
     violations = {"reasons, 390 px": described(axe(m.page))}
     dialog.get_by_role("button", name="another reason").tap()
     m.page.wait_for_function(

@@ -41,8 +41,10 @@
   const played = new Set(); // media ids whose sound or video played to its end here
   const pending = new Map(); // session label -> its items waiting for a decision
   const undoable = []; // this page's decisions, newest last: {id, until}
+  const reopened = new Set(); // media ids decided, then reviewable again since the page was loaded
   const NOUNS = { image: "photo", audio: "recording", video: "video" };
   let current = null; // the current item's li
+  let scrolledByPage = 0; // when the page last scrolled an item into view itself
   let moves = 0; // times the current item moved: an answer that comes late does not move it back
   let held = null; // the media id whose claim this page holds
   let lane = Promise.resolve(); // claims are taken and given back one at a time, in order
@@ -118,6 +120,8 @@
     }
     if ((was === "reviewable") !== (state === "reviewable")) {
       countPending(li.dataset.session, state === "reviewable" ? 1 : -1);
+      if (state === "reviewable") reopened.add(li.dataset.mediaId);
+      else reopened.delete(li.dataset.mediaId);
     }
     showUndo(li);
   }
@@ -158,8 +162,19 @@
       document.body.dataset.current = li ? li.dataset.mediaId : "";
     }
     if (li && how && how.focus && !li.contains(document.activeElement)) li.focus({ preventScroll: true });
-    if (li && how && how.scroll) li.scrollIntoView({ block: "nearest" });
+    if (li && how && how.scroll) show(li);
     return followClaim();
+  }
+
+  function show(element) {
+    // Scrolled by the page itself: no reason to change the current item (afterScroll).
+    scrolledByPage = Date.now();
+    element.scrollIntoView({ block: "nearest" });
+  }
+
+  function hold(id) {
+    held = id;
+    document.body.dataset.held = id || ""; // for a script driving the page
   }
 
   function inLane(work) {
@@ -174,21 +189,20 @@
       const wanted = li ? li.dataset.mediaId : null;
       if (held && held !== wanted) await letGo();
       if (li && held !== wanted && !li.dataset.holder) await take(li);
-      document.body.dataset.held = held || "";
     });
   }
 
   async function letGo() {
     // The claim goes back for others, unless its item was decided (then it is gone already).
     const li = held ? byId.get(held) : null;
-    held = null;
+    hold(null);
     if (li && li.dataset.state === "reviewable") await call(`release/${li.dataset.mediaId}`);
   }
 
   async function take(li) {
     const answer = await call(`claim/${li.dataset.mediaId}`);
     if (answer.ok) {
-      held = li.dataset.mediaId;
+      hold(li.dataset.mediaId);
       markHolder(li, null);
       return true;
     }
@@ -209,9 +223,9 @@
     await inLane(async () => {
       const li = held ? byId.get(held) : null;
       if (!li) return;
-      if (li.dataset.state !== "reviewable") held = null;
+      if (li.dataset.state !== "reviewable") hold(null);
       else if (!(await take(li))) {
-        held = null;
+        hold(null);
         say(`Someone else has ${named(li)} now.`);
       }
     });
@@ -225,7 +239,7 @@
       await letGo();
       const found = await call("next", { after: after, upto: upto });
       const id = found.ok ? found.body.media_id : null;
-      if (id && byId.has(id)) held = id;
+      if (id && byId.has(id)) hold(id);
       else if (id) await call(`release/${id}`); // not on this page (the boundary keeps it off): given back
       return found;
     });
@@ -243,16 +257,16 @@
       await setCurrent(li, { focus: true, scroll: true });
       return;
     }
-    // An item undone since the page was loaded moved past the boundary, where the service's
-    // `next` does not look: the page knows it.
+    // An item reopened since the page was loaded (an undo) moved past the boundary, where the
+    // service's `next` does not look: the page knows it.
     for (const other of list.slice(list.indexOf(current) + 1)) {
-      if (!isOpen(other)) continue;
+      if (!isOpen(other) || !reopened.has(other.dataset.mediaId)) continue;
       await setCurrent(other, { focus: true, scroll: true });
       if (held === other.dataset.mediaId) return;
     }
     await setCurrent(null);
     tell("Nothing more to review up to here." + (document.getElementById("show-new") ? " n shows the new items." : ""));
-    document.getElementById("end").scrollIntoView({ block: "nearest" });
+    show(document.getElementById("end"));
   }
 
   async function previous() {
@@ -340,7 +354,7 @@
     // In the claims' lane: a claim of this item asked for a moment ago is answered first.
     const answer = await inLane(async () => {
       const decided = await call(`decide/${id}`, { decision: decision, reason: reason });
-      if (decided.ok && held === id) held = null; // a decided item's claim is gone
+      if (decided.ok && held === id) hold(null); // a decided item's claim is gone
       return decided;
     });
     if (!answer.ok) {
@@ -395,7 +409,7 @@
     refreshSelection();
     const conflicts = done.conflicts.length ? ` Not decided: ${done.conflicts.join("; ")}.` : "";
     say(`${done.count} ${decision === "approve" ? "approved" : "rejected"}.${conflicts}${left ? ` ${notPlayed(left)}` : ""}`);
-    if (held && byId.get(held).dataset.state !== "reviewable") held = null; // decided: its claim is gone
+    if (held && byId.get(held).dataset.state !== "reviewable") hold(null); // decided: its claim is gone
     if (current && current.dataset.state !== "reviewable") await next();
   }
 
@@ -431,7 +445,7 @@
       const undone = await call(`undo/${entry.id}`);
       if (!undone.ok) return undone;
       if (held && held !== entry.id) await letGo();
-      held = entry.id; // an undone item is back in the hands of who undid it
+      hold(entry.id); // an undone item is back in the hands of who undid it
       return undone;
     });
     if (!answer.ok) {
@@ -658,6 +672,7 @@
   document.getElementById("bulk-clear").addEventListener("click", () => run(async () => clearSelection()));
   let settling = null;
   window.addEventListener("scroll", () => {
+    if (Date.now() - scrolledByPage < 100) return; // the page's own scroll, not the moderator's
     clearTimeout(settling);
     settling = setTimeout(afterScroll, 150);
   }, { passive: true });
