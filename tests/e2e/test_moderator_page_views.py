@@ -75,6 +75,9 @@ def test_photos_whole_reasons_by_click_or_key_at_a_phone_and_a_desktop_width(
             assert listed(page) == ids
             assert page.locator("li.flagged-item").count() == 1
             found["queue, desktop"] = described(axe(page))
+            page.keyboard.press("?")
+            found["keys, desktop"] = described(axe(page))
+            page.locator("#keys").get_by_role("button", name="Close (Esc)").click()
             page.screenshot(path=str(shots / "moderator-queue-desktop.png"), full_page=True)
             found.update(photo_whole_and_large(Moderator(page), portrait, "desktop", shots))
             found.update(reasons_by_click_and_key(Moderator(page), server, portrait, landscape))
@@ -94,7 +97,7 @@ def test_photos_whole_reasons_by_click_or_key_at_a_phone_and_a_desktop_width(
         finally:
             browser.close()
     assert found == {view: [] for view in found}, found
-    assert len(found) == 8
+    assert len(found) == 9
 
 
 FLAGGED = ("refused", "quarantined")
