@@ -758,6 +758,9 @@
   setInterval(ages, 15000);
   setInterval(check, 2000);
   setInterval(renew, renewEvery);
+  const signOut = document.querySelector('form[action="/logout"]');
+  // Signing out gives every claim back on the server: nothing left for the page to release.
+  if (signOut) signOut.addEventListener("submit", () => hold(null));
   window.addEventListener("pagehide", () => {
     if (held) {
       const body = new Blob([JSON.stringify({})], { type: "application/json" });
