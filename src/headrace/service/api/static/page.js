@@ -44,7 +44,8 @@
   const reopened = new Set(); // media ids decided, then reviewable again since the page was loaded
   const NOUNS = { image: "photo", audio: "recording", video: "video" };
   let current = null; // the current item's li
-  let scrolledByPage = 0; // when the page last scrolled an item into view itself
+  let pageScrollY = null; // where the page last scrolled to itself, showing an item
+  let settling = null; // the timer that looks at the page once the moderator's scrolling stops
   let moves = 0; // times the current item moved: an answer that comes late does not move it back
   let held = null; // the media id whose claim this page holds
   let lane = Promise.resolve(); // claims are taken and given back one at a time, in order
@@ -167,9 +168,8 @@
   }
 
   function show(element) {
-    // Scrolled by the page itself: no reason to change the current item (afterScroll).
-    scrolledByPage = Date.now();
     element.scrollIntoView({ block: "nearest" });
+    pageScrollY = window.scrollY; // where the page scrolled itself: no reason to move the current item
   }
 
   function hold(id) {
@@ -291,7 +291,11 @@
   }
 
   function afterScroll() {
-    if (busy || document.querySelector("dialog[open]")) return;
+    if (document.querySelector("dialog[open]")) return;
+    if (busy) {
+      settling = setTimeout(afterScroll, 150); // once the action in hand is done
+      return;
+    }
     if (current && inView(current) >= 0.5) return;
     const open = list.filter((li) => isOpen(li) && inView(li) > 0);
     if (!open.length) return;
@@ -670,9 +674,8 @@
   document.getElementById("bulk-approve").addEventListener("click", () => run(() => decideSelected("approve")));
   document.getElementById("bulk-reject").addEventListener("click", () => run(() => decideSelected("reject")));
   document.getElementById("bulk-clear").addEventListener("click", () => run(async () => clearSelection()));
-  let settling = null;
   window.addEventListener("scroll", () => {
-    if (Date.now() - scrolledByPage < 100) return; // the page's own scroll, not the moderator's
+    if (window.scrollY === pageScrollY) return; // the page's own scroll, not the moderator's
     clearTimeout(settling);
     settling = setTimeout(afterScroll, 150);
   }, { passive: true });
