@@ -257,16 +257,21 @@
       await setCurrent(li, { focus: true, scroll: true });
       return;
     }
-    // An item reopened since the page was loaded (an undo) moved past the boundary, where the
-    // service's `next` does not look: the page knows it.
-    for (const other of list.slice(list.indexOf(current) + 1)) {
-      if (!isOpen(other) || !reopened.has(other.dataset.mediaId)) continue;
-      await setCurrent(other, { focus: true, scroll: true });
-      if (held === other.dataset.mediaId) return;
-    }
+    if (await takeReopened()) return;
     await setCurrent(null);
     tell("Nothing more to review up to here." + (document.getElementById("show-new") ? " n shows the new items." : ""));
     show(document.getElementById("end"));
+  }
+
+  async function takeReopened() {
+    // An item reopened since the page was loaded (an undo) moved past the boundary, where the
+    // service's `next` does not look: the page knows it. Whether one became current, and ours.
+    for (const other of list.slice(list.indexOf(current) + 1)) {
+      if (!isOpen(other) || !reopened.has(other.dataset.mediaId)) continue;
+      await setCurrent(other, { focus: true, scroll: true });
+      if (held === other.dataset.mediaId) return true;
+    }
+    return false;
   }
 
   async function previous() {
