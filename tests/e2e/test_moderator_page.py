@@ -4,36 +4,25 @@ moderators approving one item at once."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import sync_playwright
 
 from headrace.pipelines.moderation import samples
 from headrace.store.base import Store
 from headrace.store.records import AuditRow, OutboxRow
 from tests.integration.processes import read
-from tests.services import unavailable
 
 from . import root_network
+from .page_driver import CHROMIUM_ARGS, chromium, item, listed, screenshots, sign_in
 from .server import Server, serving
 
 # A browser test may first wait for the multi-host test to give the network back.
 pytestmark = [pytest.mark.realtime, pytest.mark.timeout(300)]
-
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-
-
-def chromium() -> str:
-    found = shutil.which("chromium")
-    if found is None:
-        unavailable("chromium is not installed (apt-get install -y chromium)", "the page tests")
-    return found
 
 
 @pytest.fixture
@@ -67,23 +56,6 @@ def upload(server: Server, n: int) -> list[str]:
     return ids
 
 
-def listed(page: Page) -> list[str]:
-    return [str(i.get_attribute("data-media-id")) for i in page.locator("li.item").all()]
-
-
-def sign_in(page: Page, server: Server, who: str) -> None:
-    page.goto(f"{server.url}/login")
-    page.fill("#token", server.tokens[who])
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{server.url}/moderate/gala*")
-
-
-def screenshots(tmp_path: Path) -> Path:
-    where = Path(os.environ.get("HEADRACE_SCREENSHOTS", tmp_path))
-    where.mkdir(parents=True, exist_ok=True)
-    return where
-
-
 def test_a_moderator_reviews_in_a_stable_order_and_crosses_the_new_items_boundary(
     server: Server, tmp_path: Path
 ) -> None:
@@ -109,18 +81,20 @@ def test_a_moderator_reviews_in_a_stable_order_and_crosses_the_new_items_boundar
             page.wait_for_load_state()
             assert listed(page) == first + later
             page.click(f"#item-{first[0]} button.approve")
-            page.wait_for_selector(".notice")
-            assert page.inner_text(".notice") == "Approved."
+            page.wait_for_selector("#status:has-text('Approved: the photo from')")
             page.click(f"#item-{first[1]} button.reject")
-            page.wait_for_selector(".notice")
-            assert page.inner_text(".notice") == "Rejected."
-            assert listed(page) == [first[2], *later]
+            page.click("#reasons button.reason >> nth=0")
+            page.wait_for_selector("#status:has-text('Rejected: the photo from')")
+            # decided where they are: nothing moved
+            assert listed(page) == first + later
+            assert page.locator("li.item.decided").count() == 2
             preview = page.locator(f"#item-{first[2]} img")
             assert preview.evaluate("image => image.naturalWidth") > 0  # the thumbnail loads
         finally:
             browser.close()
     states = item_states(server, first[:2])
     assert states == {first[0]: "approved", first[1]: "rejected"}
+    assert item(server, first[1])["decision_reason"] == "off_topic"  # the reason clicked
 
 
 def test_two_moderators_approving_one_item_at_once_converge(server: Server) -> None:
@@ -130,21 +104,21 @@ def test_two_moderators_approving_one_item_at_once_converge(server: Server) -> N
         try:
             pages = []
             for who in ("moderator", "moderator-2"):
-                page = browser.new_context().new_page()
-                sign_in(page, server, who)
+                # the forms, as a browser without the page's script sends them
+                page = browser.new_context(java_script_enabled=False).new_page()
+                page.goto(f"{server.url}/login")
+                page.fill("#token", server.tokens[who])
+                page.click("button[type=submit]")
+                page.wait_for_url(f"{server.url}/moderate/gala*")
                 pages.append(page)
-            forms = [p.locator(f"#item-{media_id} form") for p in pages]
+            forms = [p.locator(f"#item-{media_id} form.approve") for p in pages]
             # Both submit before either answer comes back.
             for form in forms:
-                form.evaluate(
-                    "form => { const b = form.querySelector('button.approve');"
-                    " form.requestSubmit(b); }"
-                )
+                form.evaluate("form => form.requestSubmit()")
             for page in pages:
                 page.wait_for_selector(".notice")
             notices = [page.inner_text(".notice") for page in pages]
-            # the second finds it decided, or (still) claimed by the first: the page that
-            # opened first claimed the item in its focus
+            # the second finds it decided, or (still) claimed by the first
             assert notices.count("Approved.") == 1
             [other] = [notice for notice in notices if notice != "Approved."]
             assert other in (

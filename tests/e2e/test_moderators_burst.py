@@ -34,8 +34,8 @@ from tests.integration.postgres import fresh_schema, read_store
 from tests.integration.processes import read
 
 from . import root_network
+from .page_driver import CHROMIUM_ARGS, chromium, screenshots
 from .server import Server, serving
-from .test_moderator_page import CHROMIUM_ARGS, chromium, screenshots
 
 pytestmark = pytest.mark.realtime
 
@@ -186,7 +186,8 @@ async def review(moderator: Moderator, server: Server, shot: Path | None) -> Non
             continue
         n = len(moderator.decided) + len(moderator.bulk)
         if moderator.name == "moderator-2" and not moderator.bulk and n >= 12:
-            await bulk_by_session(moderator)
+            if not await bulk_by_session(moderator):  # all of it sound or video not played
+                await decide(moderator, item, n)
         elif moderator.name == "moderator-3" and not moderator.bulk and n >= 15:
             await bulk_by_range(moderator)
         else:
@@ -224,16 +225,28 @@ async def decide(moderator: Moderator, item: dict[str, Any], n: int) -> None:
         await moderator.press("a")
 
 
-async def bulk_by_session(moderator: Moderator) -> None:
-    """Select every pending item of the focused item's session (s) and approve them (a)."""
+async def bulk_by_session(moderator: Moderator) -> bool:
+    """Select every pending item of the current item's session (s) and approve them (a): the
+    photos are approved, sound and video not yet played stay selected (then cleared, Esc).
+    Whether any was approved."""
     page = moderator.page
     await moderator.press("s")
-    selected: list[str] = await page.evaluate(
-        "() => Array.from(document.querySelectorAll('li.item.selected'), li => li.dataset.mediaId)"
-    )
+    selected = await selected_ids(page)
     assert selected
     await moderator.press("a")
-    moderator.bulk.extend(selected)
+    left = await selected_ids(page)
+    if left:
+        assert "not played to the end yet" in await page.inner_text("#status")
+        await moderator.press("Escape")
+    moderator.bulk.extend(media_id for media_id in selected if media_id not in left)
+    return bool(moderator.bulk)
+
+
+async def selected_ids(page: Page) -> list[str]:
+    found: list[str] = await page.evaluate(
+        "() => Array.from(document.querySelectorAll('li.item.selected'), li => li.dataset.mediaId)"
+    )
+    return found
 
 
 async def bulk_by_range(moderator: Moderator) -> None:
@@ -243,9 +256,7 @@ async def bulk_by_range(moderator: Moderator) -> None:
     await moderator.press("x")
     await moderator.press("j")
     await moderator.press("X")
-    selected: list[str] = await page.evaluate(
-        "() => Array.from(document.querySelectorAll('li.item.selected'), li => li.dataset.mediaId)"
-    )
+    selected = await selected_ids(page)
     assert selected
     await moderator.press("r", "6")
     moderator.bulk.extend(selected)

@@ -12,8 +12,9 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from . import root_network
+from .page_driver import CHROMIUM_ARGS, chromium, sign_in
 from .server import Server, serving
-from .test_moderator_page import CHROMIUM_ARGS, chromium, sign_in, upload
+from .test_moderator_page import upload
 
 pytestmark = [pytest.mark.realtime, pytest.mark.timeout(300)]
 
@@ -47,8 +48,7 @@ def test_signing_out_with_the_mouse_frees_the_item_in_focus_for_another_moderato
 
             ben.wait_for_selector(f"#item-{first}:not([data-holder])", timeout=POLL)
             ben.click(f"#item-{first} button.approve")
-            ben.wait_for_selector(".notice")
-            assert ben.inner_text(".notice") == "Approved."
+            ben.wait_for_selector("#status:has-text('Approved: the photo from')")
         finally:
             browser.close()
     with httpx.Client(base_url=server.url, timeout=30) as client:

@@ -317,7 +317,7 @@ async def test_the_page_calls_claim_decide_undo_and_decide_in_bulk(tmp_path: Pat
 
 async def test_each_item_shows_what_a_decision_needs(tmp_path: Path) -> None:
     """Its age, its session as a short label with how many of its items are pending, staff
-    priority when it was given, the automatic flag's reason; a player for sound."""
+    priority when it was given, the automatic flag's reason; a player for sound, and its length."""
     async with harness(tmp_path) as h:
         moderation = h.moderation
         staff = Staff(3.0, "organiser", "the keynote's photos")
@@ -333,8 +333,9 @@ async def test_each_item_shows_what_a_decision_needs(tmp_path: Path) -> None:
         await sign_in(h, "moderator")
         page = (await h.client.get("/moderate/gala")).text
         assert page.count("staff priority ×3") == 1
-        assert page.count(f"{session_label('s-guest')}\n") == 2
+        assert page.count(f">{session_label('s-guest')}</span>") == 2
         assert page.count("2 pending") == 2 and page.count("1 pending") == 1
         assert "s-guest" not in page and "s-keynote" not in page  # labels, never the ids
         assert page.count('class="age" data-uploaded="') == 3
         assert page.count("<audio controls") == 1 and 'alt="waveform of the recording"' in page
+        assert page.count("length 0:02") == 1  # the recording's, before it is played

@@ -314,7 +314,7 @@ def demo_moderation(
     default="5m",
     show_default=True,
     help="How long a moderator's claim on an item lasts unrenewed (the page renews it while the "
-    "item is in focus).",
+    "item is the current one).",
 )
 @click.option(
     "--undo-window",

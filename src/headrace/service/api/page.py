@@ -4,18 +4,21 @@ A moderator signs in once with a token; the page then lists an event's reviewabl
 order they became reviewable, up to the boundary the page was loaded with (`upto`, a record
 seq). Items that become reviewable later never enter the list under the moderator's cursor:
 a line above it counts them ("Show 3 new items", refreshed by the script), and the moderator
-chooses when to cross it. Approve and reject are forms (a form token bound to the sign-in);
-after a decision the page comes back with the same boundary, so the rest stays where it was.
+chooses when to cross it. Approve and reject are forms (a form token bound to the sign-in; a
+rejection's reason chosen from a list that starts with none chosen); after a decision the page
+comes back with the same boundary, so the rest stays where it was.
 
-Review by keyboard (static/page.js, docs/service.md "Moderating"): the item in focus is
-claimed for the moderator (renewed while it stays in focus, given back when focus leaves it
-undecided); j and k move to the next and previous item nobody else holds, a approves, r rejects
-with a reason picked by number, u undoes the last decision within its window, s selects the
-pending items of the focused item's session and x one item, for a bulk decision; ? lists the
-keys. These are JSON calls of the page (`/moderate/{event}/...`), each checked like a form. The
-page polls `/moderate/{event}/new` every two seconds: the count of new items above the list, who
-holds which item, and which items were decided meanwhile, marked where they are: the list never
-reorders and nothing is inserted above the cursor.
+The page's script (static/page.js, docs/service.md "Moderating") does the same by keyboard and
+mouse alike, around one current item: whatever makes an item current (a click on it, j and k,
+Tab, scrolling it into view, a decision moving on) claims it for the moderator (renewed while it
+stays current, given back when another becomes current undecided); a approves, r rejects with a
+reason picked by click or number, u undoes the last decision within its window, s selects the
+pending items of the current item's session and x one item, for a bulk decision; Enter opens a
+photo large (`/moderate/media/{id}?size=large`); ? lists the keys. These are JSON calls of the
+page (`/moderate/{event}/...`), each checked like a form. The page polls `/moderate/{event}/new`
+every two seconds: the count of new items above the list (and their ids: an item undone since
+is on the page already), who holds which item, and which items were decided meanwhile, marked
+where they are: the list never reorders and nothing is inserted above the cursor.
 
 Signing out ends the sign-in on the server and gives back every claim the moderator holds, so
 the items they had in focus are free for others at once.
@@ -31,6 +34,7 @@ read (`edge.SignedInRoute`; signing in and out are `sign_in_forms`, which need n
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from importlib import resources
 from typing import Annotated, Any, Literal
@@ -41,6 +45,7 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from pydantic import BaseModel, Field
 
+from headrace.pipelines.moderation.derive import PLAYBACK_SECONDS
 from headrace.pipelines.moderation.pipeline import ITEM, Item, ItemState
 from headrace.pipelines.moderation.review import (
     MAX_BULK,
@@ -60,6 +65,7 @@ from headrace.service.api.deps import (
 )
 from headrace.service.api.edge import EdgeRoute, SignedInRoute
 from headrace.service.api.items import (
+    PLAYABLE,
     Bulk,
     ItemView,
     bulk_decide,
@@ -242,15 +248,19 @@ async def events(request: Request, svc: TheService) -> Response:
 
 async def boundary(svc: Service, event: str, upto: int) -> tuple[int, int]:
     """How many items became reviewable past `upto`, and the seq of the last of them."""
-    newer = await svc.store.count_records(ITEM, scope=event, state=REVIEWABLE, after=upto)
-    latest = upto
-    if newer:
-        found = await svc.store.list_records(
-            ITEM, scope=event, state=REVIEWABLE, after=upto, limit=PAGE_SIZE
-        )
-        latest = found[-1].seq
-        newer = len(found)
+    newer, latest, _ = await newer_items(svc, event, upto)
     return newer, latest
+
+
+async def newer_items(svc: Service, event: str, upto: int) -> tuple[int, int, list[str]]:
+    """`boundary`, and the media ids of those items (at most a page of them)."""
+    newer = await svc.store.count_records(ITEM, scope=event, state=REVIEWABLE, after=upto)
+    if not newer:
+        return 0, upto, []
+    found = await svc.store.list_records(
+        ITEM, scope=event, state=REVIEWABLE, after=upto, limit=PAGE_SIZE
+    )
+    return len(found), found[-1].seq, [record.id for record in found]
 
 
 @router.get("/moderate/{event}", response_class=HTMLResponse)
@@ -283,8 +293,8 @@ async def queue(
     claims = await reviews.claims(event)
     now = await svc.store.now()
     items = [
-        ItemContext(
-            view(item),
+        ItemContext.of(
+            item,
             pending=pending.get(item.session, 0),
             holder=claims[item.media_id].holder if item.media_id in claims else None,
         )
@@ -312,12 +322,40 @@ async def queue(
 
 @dataclass(frozen=True)
 class ItemContext:
-    """An item as the page shows it: with how many of its session's items are pending and who
-    else holds it now."""
+    """An item as the page shows it: with how many of its session's items are pending, who
+    else holds it now, and for sound and video its length (from probing: a player shows 0:00
+    until it has loaded) and, when its playable copy is shorter, how much of it plays."""
 
     item: ItemView
     pending: int
     holder: str | None
+    length: str | None = None
+    plays: str | None = None
+
+    @classmethod
+    def of(cls, item: Item, *, pending: int, holder: str | None) -> ItemContext:
+        seconds = _seconds(item)
+        if seconds is None:
+            return cls(view(item), pending, holder)
+        cut = clock(PLAYBACK_SECONDS) if seconds > PLAYBACK_SECONDS else None
+        return cls(view(item), pending, holder, length=clock(seconds), plays=cut)
+
+
+def _seconds(item: Item) -> float | None:
+    """How long a recording or video is, as probing found it (None: an image, or not known)."""
+    if item.media_class not in PLAYABLE or item.metadata is None:
+        return None
+    seconds = item.metadata.get("seconds")
+    return float(seconds) if isinstance(seconds, int | float) and seconds > 0 else None
+
+
+def clock(seconds: float) -> str:
+    """`seconds` as a player shows a length: 0:07, 4:05, 1:02:03 (rounded up to the second, so
+    a recording of 0.4 s is not 0:00)."""
+    whole = math.ceil(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 MESSAGES = {
@@ -342,8 +380,10 @@ async def new_items(
     who, _ = await page_principal(request, svc)
     if not who.sees(event):
         raise await deny(svc, who, kind="event", record_id=event, scope=event, action="page.read")
-    newer, latest = await boundary(svc, event, upto)
-    answer: dict[str, Any] = {"newer": newer, "latest": latest}
+    newer, latest, fresh = await newer_items(svc, event, upto)
+    # Their ids too: an item undone since (its seq moved past `upto`) is on the page already,
+    # and the page counts only what it does not show.
+    answer: dict[str, Any] = {"newer": newer, "latest": latest, "newer_ids": fresh}
     if since is not None:
         claims = await svc.moderation.reviews.claims(event)
         answer["claims"] = {media_id: claim.holder for media_id, claim in claims.items()}
@@ -392,12 +432,14 @@ async def media(
     request: Request,
     media_id: Annotated[str, Path(pattern=r"^[0-9a-f]{32}$")],
     svc: TheService,
+    size: Annotated[str, Query(pattern="^(large|small)$")] = "small",
 ) -> Response:
+    """An item's preview: the list's (`small`), or the large one a photo opens to."""
     who, _ = await page_principal(request, svc)
     record = await svc.store.get_record(ITEM, media_id)
     if record is None or not who.sees(record.scope):
         raise ApiError(404, "not_found", "no such item")
-    return await preview_answer(svc, Item.of(record), small=True)
+    return await preview_answer(svc, Item.of(record), small=size == "small")
 
 
 @router.get("/moderate/media/{media_id}/play")
