@@ -4,6 +4,7 @@ S3-compatible bucket (`s3.py`), chosen by `--media` (`urls.py`)."""
 
 from headrace.pipelines.moderation.media.backend import (
     Backend,
+    Listed,
     LocalFile,
     Served,
     SignedUrl,
@@ -17,6 +18,7 @@ from headrace.pipelines.moderation.media.store import (
     BlobWriter,
     Derived,
     MediaStore,
+    StaleBlobs,
     check_media_id,
     check_name,
 )
@@ -28,6 +30,7 @@ __all__ = [
     "BlobWriter",
     "Derived",
     "DirectoryBackend",
+    "Listed",
     "LocalFile",
     "MediaStore",
     "MediaUnavailable",
@@ -36,6 +39,7 @@ __all__ = [
     "S3Location",
     "Served",
     "SignedUrl",
+    "StaleBlobs",
     "Streamed",
     "TooLarge",
     "check_media_id",
