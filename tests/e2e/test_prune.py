@@ -85,7 +85,7 @@ def test_status_shows_the_retention_and_the_last_run_and_reports_stay_whole(
     assert (
         "Retention (headrace prune; --retention NAME=AGE): succeeded 1d, cancelled 1d, dead 14d,"
         " delivered 1d, audit 365d, deliveries 7d, sign_ins 1d, turned_away 7d,"
-        " closed_events 30d, upload_grace 2m, every 5m, batch 500"
+        " closed_events 30d, orphans 1h, upload_grace 2m, every 5m, batch 500"
     ) in flat
     assert re.search(r"Pruner: last run \d+s ago \(\S+:\d+:prune\), removed 6 rows", flat), flat
 

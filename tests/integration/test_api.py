@@ -350,15 +350,20 @@ async def test_tasks_groups_stages_and_gates(tmp_path: Path) -> None:
 
 
 async def test_dead_letters_are_listed_shown_and_redriven_by_an_admin(tmp_path: Path) -> None:
-    async with harness(tmp_path) as h:
-        answer = await h.upload(data=samples.jpeg()[:300])  # truncated: refused, dead
+    def declare(app: hr.App) -> None:
+        @app.task(name="publish")
+        async def publish(ctx: hr.Context, ref: str) -> None:
+            raise hr.Fatal("the album service refused our key", code="album.auth")
+
+    async with harness(tmp_path, declare=declare) as h:
+        await h.upload(data=samples.jpeg()[:300])  # a contributor's bad file: refused, no letter
+        await h.moderation.app.definition("publish").submit("album-7", group="gala")
         await h.drain()
-        media_id = answer.json()["media_id"]
         letters = (await h.client.get("/v1/dead-letters", headers=h.auth("admin"))).json()
-        [letter] = letters
-        assert (letter["ref"], letter["error_code"]) == (media_id, "media.corrupt")
+        [letter] = letters  # what an operator can act on, and only that
+        assert (letter["ref"], letter["error_code"]) == ("album-7", "album.auth")
         shown = await h.client.get(f"/v1/dead-letters/{letter['id']}", headers=h.auth("admin"))
-        assert shown.json()["attempts"][0]["code"] == "media.corrupt"
+        assert shown.json()["attempts"][0]["code"] == "album.auth"
         denied = await h.client.get("/v1/dead-letters", headers=h.auth("moderator"))
         assert denied.status_code == 403
         redriven = await h.client.post(

@@ -1,27 +1,40 @@
 """Decoding in a child process: a file that would take more memory than a child may have is
 `media.too_costly`, a decode past its timeout `media.decode_timeout`, a crashed decoder
-`media.decoder_crashed`; the calling process lives on and holds none of the decode's memory.
+`media.decoder_crashed`, any exception a decoder raises a refusal (the host's own failure
+aside); the calling process lives on and holds none of the decode's memory, and a parent killed
+mid-decode leaves no file behind.
 
 Real processes and real time on purpose (a child's limit and timeout are the point), bounded."""
 
 from __future__ import annotations
 
+import errno
 import functools
+import logging
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
 from headrace.pipelines.moderation import derive, samples
-from headrace.pipelines.moderation.isolate import LARGE_NICE, Isolation, run_isolated
+from headrace.pipelines.moderation.isolate import (
+    LARGE_NICE,
+    ORPHAN_SLACK,
+    DecodeHostError,
+    Isolation,
+    run_isolated,
+)
 from headrace.pipelines.moderation.probe import (
+    CORRUPT,
     DECODE_TIMEOUT,
     DECODER_CRASHED,
     TOO_COSTLY,
+    UNSUPPORTED,
     Probed,
     Refused,
     decode_fully,
@@ -160,3 +173,82 @@ def test_a_deep_temporary_directory_does_not_stop_decoding(tmp_path: Path) -> No
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "png"
+
+
+def unimplemented(found: Probed | None) -> None:
+    raise NotImplementedError("pixel format ZZZZ")  # as Pillow's DDS plugin raises
+
+
+def out_of_range(found: Probed | None) -> None:
+    raise IndexError("tuple index out of range")  # as a fuzzed header makes a parser raise
+
+
+def disk_full(found: Probed | None) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_what_a_decoder_raises_is_a_refusal_and_a_failure_of_the_host_is_not(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    caplog.set_level(logging.WARNING, "headrace.moderation")
+    for work, code in ((unimplemented, UNSUPPORTED), (out_of_range, CORRUPT)):
+        with pytest.raises(Refused) as refused:
+            run_isolated(work, None)
+        assert refused.value.code == code
+        assert "ZZZZ" not in refused.value.message and "tuple" not in refused.value.message
+    said = caplog.text
+    assert "IndexError in test_moderation_isolate.py:out_of_range" in said
+    assert "ZZZZ" not in said  # where it came from, never what it said
+    with pytest.raises(DecodeHostError) as failed:
+        run_isolated(disk_full, None)
+    assert failed.value.code == "media.decode_host_error"
+    dds = tmp_path / "texture.dds"  # Pillow raises NotImplementedError opening it
+    dds.write_bytes(samples.unimplemented_dds())
+    with pytest.raises(Refused) as refused:
+        run_isolated(validated, sized(dds), dds)
+    assert refused.value.code == UNSUPPORTED
+
+
+def sleeping(found: Probed | None, started: Path) -> None:
+    started.write_text(str(os.getpid()))
+    time.sleep(60)
+
+
+def test_a_parent_killed_mid_decode_leaves_no_file_and_its_child_ends(tmp_path: Path) -> None:
+    """The decoders' error file never has a name in the temporary directory (67 were left
+    there after a day of killed workers), and the orphaned child ends once past its timeout."""
+    scratch, started = tmp_path / "tmp", tmp_path / "started"
+    scratch.mkdir()
+    program = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from headrace.pipelines.moderation.isolate import Isolation, run_isolated\n"
+        "from tests.unit.test_moderation_isolate import sleeping\n"
+        "run_isolated(sleeping, None, Path(sys.argv[1]), isolation=Isolation(timeout=1.0))\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", program, str(started)],
+        env={**os.environ, "TMPDIR": str(scratch)},
+        cwd=ROOT,
+    )
+    deadline = time.monotonic() + 60
+    while not started.exists() or not started.read_text():
+        assert time.monotonic() < deadline and parent.poll() is None, "the decode never started"
+        time.sleep(0.05)
+    child = int(started.read_text())
+    parent.kill()  # as the OOM killer or kill -9 ends a worker
+    parent.wait()
+    assert [p.name for p in scratch.rglob("decode.*")] == []
+    deadline = time.monotonic() + 1.0 + ORPHAN_SLACK + 10
+    while _running(child):
+        assert time.monotonic() < deadline, "the orphaned decoding child never ended"
+        time.sleep(0.1)
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie no one reaped has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -11,6 +11,7 @@ import pytest
 import headrace as hr
 from headrace.pipelines.moderation import samples
 from headrace.pipelines.moderation.media import DirectoryBackend, MediaStore, open_media
+from headrace.pipelines.moderation.model import ModelWork
 from headrace.pipelines.moderation.pipeline import (
     DERIVE_VERSION,
     Admission,
@@ -22,7 +23,7 @@ from headrace.pipelines.moderation.pipeline import (
     derive_stage,
     validate_stage,
 )
-from headrace.pipelines.moderation.probe import DECODER_BASE, MediaClass
+from headrace.pipelines.moderation.probe import CORRUPT, DECODER_BASE, MediaClass, Refused
 from headrace.pipelines.moderation.scan import EICAR_NAME, BuiltinScanner
 from headrace.policy import ConfigError
 from headrace.policy.errors import QueueFull
@@ -65,12 +66,13 @@ async def test_every_sample_ends_where_a_moderator_expects_it(
         for item in items.values():
             await moderation.submit(item)
         await hr.Worker(app).drain(fail_fast=False)
-        dead = {t.ref: t for t in await app.store.tasks(state=TaskState.DEAD)}
+        assert await app.store.tasks(state=TaskState.DEAD) == []  # a bad file is no dead letter
+        validated = {t.ref: t for t in await app.store.tasks() if ".validate." in t.kind}
         for name, (state, media_class, reason) in EXPECTED.items():
             record = await moderation.records.get(items[name].media_id)
             assert (record.state, record.media_class, record.reason) == (state, media_class, reason)
-            if state is ItemState.REFUSED:  # its validate task is dead with the same safe code
-                assert dead[record.media_id].error_code == reason
+            # refused or not, the item's validation succeeded: the refusal is its outcome
+            assert validated[record.media_id].state is TaskState.SUCCEEDED
             if state is ItemState.REVIEWABLE:
                 where = f"derived/{record.media_id}/derive.v{DERIVE_VERSION}/attempt-"
                 assert record.derived is not None and record.derived.startswith(where)
@@ -342,3 +344,25 @@ async def test_a_refused_original_is_deleted_and_one_another_item_needs_is_kept(
         assert (await moderation.records.get(second.media_id)).reason == "media.too_large"
         assert not await media.has_blob(second.digest)  # no item needs it now
     assert not [p for p in (files.root / "blobs").rglob("*") if p.is_file()]
+
+
+class DecodersRefuseOnDerive(ModelWork):
+    """Validation takes the file; the derivatives' decode finds it is not media taken."""
+
+    async def derive(self, original: Path, into: Path) -> None:
+        raise Refused(CORRUPT, "the image does not decode to its end")
+
+
+async def test_a_refusal_found_while_deriving_is_the_items_outcome(tmp_path: Path) -> None:
+    app = hr.App("memory://")
+    media = MediaStore(DirectoryBackend(tmp_path / "media"))
+    moderation = Moderation(app, media, None, work=DecodersRefuseOnDerive())
+    async with app:
+        item = await moderation.accept_bytes(samples.jpeg(), event="gala", session="s1")
+        await moderation.submit(item)
+        await hr.Worker(app).drain(fail_fast=False)
+        refused = await moderation.records.get(item.media_id)
+        assert (refused.state, refused.reason) == (ItemState.REFUSED, CORRUPT)
+        assert {t.state for t in await app.store.tasks()} == {TaskState.SUCCEEDED}
+        assert not await media.has_blob(item.digest)
+        assert await media.derived(item.media_id, "derive", DERIVE_VERSION) is None

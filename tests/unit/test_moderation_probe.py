@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from headrace.pipelines.moderation import samples
+from headrace.pipelines.moderation.derive import PREVIEW, THUMBNAIL, derive
 from headrace.pipelines.moderation.probe import (
     CORRUPT,
     DEFAULT_LIMITS,
@@ -16,7 +17,9 @@ from headrace.pipelines.moderation.probe import (
     Limits,
     MediaClass,
     Refused,
+    inspect,
     probe,
+    sniff,
 )
 
 
@@ -102,3 +105,36 @@ def test_each_class_has_its_own_limits(tmp_path: Path, media_samples: dict[str, 
             probe(media_samples[name], tight)
         assert refused.value.code == TOO_LARGE
     assert probe(media_samples["graphic.png"], tight).width == 320  # 76,800 pixels: taken
+
+
+def test_heif_and_avif_are_images_never_video(tmp_path: Path) -> None:
+    """Both are ISO base media files, as an MP4 is: their brand says image, so they wait and
+    are decoded as images (FFmpeg once made a "video / mp4" item of a HEIF photo)."""
+    avif, heic = tmp_path / "photo.avif", tmp_path / "photo.heic"
+    avif.write_bytes(samples.avif(320, 240))
+    heic.write_bytes(samples.heic(4032, 3024))
+    assert sniff(avif) is sniff(heic) is MediaClass.IMAGE
+    found = probe(avif)  # taken: libvips reads AV1
+    assert (found.media_class, found.format, found.width, found.height) == (
+        MediaClass.IMAGE,
+        "avif",
+        320,
+        240,
+    )
+    made = derive(avif, found, tmp_path)
+    assert made["files"] == [PREVIEW, THUMBNAIL] and (tmp_path / PREVIEW).stat().st_size > 0
+    header = inspect(heic)
+    assert (header.media_class, header.format, header.width) == (MediaClass.IMAGE, "heic", 4032)
+    with pytest.raises(Refused) as refused:  # this build's libheif has no HEVC: named
+        probe(heic)
+    assert refused.value.code == UNSUPPORTED
+    assert refused.value.message.startswith("HEIC images are not taken")
+
+
+def test_heif_and_avif_image_sequences_are_refused_by_name(tmp_path: Path) -> None:
+    sequence = tmp_path / "animated.avifs"
+    sequence.write_bytes(samples.avif().replace(b"ftypavif", b"ftypavis", 1))
+    assert sniff(sequence) is MediaClass.IMAGE
+    with pytest.raises(Refused) as refused:
+        probe(sequence)
+    assert (refused.value.code, "image sequences" in refused.value.message) == (UNSUPPORTED, True)

@@ -27,6 +27,11 @@ SIGN_IN_LIFETIME = 12 * HOUR
 # A webhook delivery is what makes the provider's retry of it a duplicate, and a remote job's
 # outcome is read by the next check of the tasks waiting on it: both come well within a day.
 DELIVERY_FLOOR = DAY
+# An upload's bytes are kept a moment before its item's record is written: between them only
+# its headers are read, in a decoding child that has at most its timeout (2 minutes by
+# default). An original no item names is an upload in that moment, or one that never got its
+# record (a process killed, an error): a floor well past that moment keeps the first safe.
+ORPHAN_FLOOR = 10 * MINUTE
 MAX_BATCH = 10_000
 OFF = ("off", "never", "keep")  # an age that keeps for ever, or a pruner that never runs
 
@@ -42,7 +47,9 @@ class Retention:
     - `deliveries`: webhook deliveries and remote jobs' outcomes (at least a day);
     - `sign_ins`: page sign-ins, expired or signed out (at least `SIGN_IN_LIFETIME`);
     - `turned_away`: items rejected, quarantined or refused, with their media (pipelines);
-    - `closed_events`: the settled items of an event closed that long ago, with their media.
+    - `closed_events`: the settled items of an event closed that long ago, with their media;
+    - `orphans`: originals no item names (an upload's bytes whose record was never written),
+      by the media store's own clock (at least `ORPHAN_FLOOR`).
 
     `upload_grace`: an accepted upload no task names is queued once it is this old (a process
     died between its record and its submit). `every`: how often workers prune (None: they do
@@ -57,6 +64,7 @@ class Retention:
     sign_ins: float | None = DAY
     turned_away: float | None = 7 * DAY
     closed_events: float | None = 30 * DAY
+    orphans: float | None = HOUR
     upload_grace: float = 2 * MINUTE
     every: float | None = 5 * MINUTE
     batch: int = 500
@@ -66,6 +74,7 @@ class Retention:
             _check_age(name, getattr(self, name))
         _check_floor("sign_ins", self.sign_ins, SIGN_IN_LIFETIME)
         _check_floor("deliveries", self.deliveries, DELIVERY_FLOOR)
+        _check_floor("orphans", self.orphans, ORPHAN_FLOOR)
         _check_positive("upload_grace", self.upload_grace)
         if self.every is not None:
             _check_positive("every", self.every)
@@ -112,6 +121,7 @@ AGES = (
     "sign_ins",
     "turned_away",
     "closed_events",
+    "orphans",
 )
 NAMES = tuple(field.name for field in fields(Retention))
 

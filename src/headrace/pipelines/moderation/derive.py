@@ -30,7 +30,7 @@ import av
 import pyvips
 from PIL import Image, ImageDraw
 
-from headrace.pipelines.moderation.probe import MediaClass, Probed, decoder_refusal
+from headrace.pipelines.moderation.probe import OPEN_OPTIONS, MediaClass, Probed, decoder_refusal
 
 PREVIEW_SIDE = 1280
 THUMBNAIL_SIDE = 320
@@ -106,7 +106,7 @@ def video_derivatives(original: Path, into: Path) -> dict[str, object]:
     """A poster (the first frame) and a playable copy: at most VIDEO_PREVIEW_SIDE pixels a side,
     VIDEO_PREVIEW_FPS frames a second, its first sound track in AAC, PLAYBACK_SECONDS long."""
     with (
-        av.open(str(original)) as source,
+        av.open(str(original), options=OPEN_OPTIONS) as source,
         av.open(str(into / VIDEO_PREVIEW), "w", options=FASTSTART) as target,
     ):
         stream = source.streams.video[0]
@@ -216,7 +216,7 @@ def audio_derivatives(original: Path, into: Path, *, seconds: float) -> dict[str
     expected = max(1, math.ceil(seconds * WAVEFORM_RATE))
     peaks = Peaks(WAVEFORM_SIZE[0], per_column=max(1, math.ceil(expected / WAVEFORM_SIZE[0])))
     with (
-        av.open(str(original)) as source,
+        av.open(str(original), options=OPEN_OPTIONS) as source,
         av.open(str(into / AUDIO_PLAYBACK), "w", format="mp4", options=FASTSTART) as target,
     ):
         stream = source.streams.audio[0]

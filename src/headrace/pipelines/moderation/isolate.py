@@ -12,7 +12,15 @@ ends, its memory goes back to the system with it: the worker never holds a decod
 How a child ends is a named refusal, never an exception the worker dies of:
 `media.too_costly` (the estimate is past `Isolation.max_memory`, or the decoder ran out of the
 memory the child had), `media.decode_timeout` (it ran past its timeout, and was killed),
-`media.decoder_crashed` (a decoder bug killed it with a signal).
+`media.decoder_crashed` (a decoder bug killed it with a signal). Any exception a decoder raises
+in the child is a refusal as well (`probe.decoder_failed`: this is the one place contributor
+bytes are decoded, so the rule is written here once), logged with the module and function it
+came from, never its message (a decoder may quote the file); only a failure of the host (a full
+disk, a file limit) is an error, which the stage retries (`DecodeHostError`).
+
+What the decoders write to their standard error goes to a temporary file that never has a name
+(opened unlinked, its descriptor handed to the child): a parent killed mid-decode leaves no file
+behind. A child whose parent is killed ends by itself once past its timeout (`SIGALRM`).
 
 multiprocessing, not pebble: pebble's pools reuse their workers, so one decode's heap
 fragmentation and its memory limit would carry into the next item, and its one-process-per-call
@@ -25,6 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
+import math
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.util
@@ -33,11 +43,12 @@ import resource
 import signal
 import tempfile
 import threading
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing import reduction
 from multiprocessing.context import ForkServerContext
-from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import IO, Any, TypeVar, cast
 
 from headrace.pipelines.moderation.probe import (
     DECODE_TIMEOUT,
@@ -45,8 +56,11 @@ from headrace.pipelines.moderation.probe import (
     TOO_COSTLY,
     Probed,
     Refused,
+    decoder_failed,
 )
-from headrace.policy.errors import ConfigError
+from headrace.policy.errors import ConfigError, Transient
+
+log = logging.getLogger("headrace.moderation")
 
 T = TypeVar("T")
 PRELOAD = [
@@ -60,6 +74,16 @@ OUT_OF_MEMORY = ("failed to allocate", "out of memory", "cannot allocate memory"
 M_ARENA_MAX = -8  # glibc's mallopt option number
 LARGE_NICE = 19  # the lowest: CFS gives a nice-0 process about 68 times its CPU
 ARENAS = 2  # each arena reserves 64 MiB of address space: few, or the limit is spent on them
+ORPHAN_SLACK = 5.0  # seconds past its timeout an orphaned child gives itself before it ends
+HOST_ERROR = "media.decode_host_error"
+
+
+class DecodeHostError(Transient):
+    """Decoding failed for a reason of the host's (a full disk, a file limit), not the
+    file's: retried, as any transient failure."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"decoding failed on this host: {message}", code=HOST_ERROR)
 
 
 @dataclass(frozen=True)
@@ -134,16 +158,16 @@ def run_isolated(
     way it may fail (see the module's docstring). `work` and `sizing` must be importable
     module functions (or `functools.partial`s of them): they cross to the child by name."""
     receiver, sender = _forkserver().Pipe(duplex=False)
-    with tempfile.NamedTemporaryFile(prefix="decode.", suffix=".err") as errors:
+    with tempfile.TemporaryFile(prefix="decode.", suffix=".err") as errors:  # no name: see above
         child = _forkserver().Process(
             target=_child,
-            args=(sender, errors.name, work, sizing, args, isolation),
+            args=(sender, Inherited(errors.fileno()), work, sizing, args, isolation),
             daemon=True,
         )
         child.start()
         sender.close()
         try:
-            return cast(T, _outcome(child, receiver, isolation.timeout, Path(errors.name)))
+            return cast(T, _outcome(child, receiver, isolation.timeout, errors))
         finally:
             receiver.close()
             if child.is_alive():
@@ -152,11 +176,27 @@ def run_isolated(
             child.close()
 
 
+class Inherited:
+    """A file descriptor handed to a decoding child: duplicated into it as multiprocessing
+    hands over a pipe's end (`reduction.DupFd`), so the file it names needs no name."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Callable[[Any], int], tuple[Any]]:
+        return _detached, (reduction.DupFd(self.fd),)
+
+
+def _detached(duplicate: Any) -> int:
+    descriptor: int = duplicate.detach()
+    return descriptor
+
+
 def _outcome(
     child: multiprocessing.process.BaseProcess,
     receiver: multiprocessing.connection.Connection,
     timeout: float,
-    errors: Path,
+    errors: IO[bytes],
 ) -> object:
     if not receiver.poll(timeout):
         child.kill()
@@ -168,15 +208,21 @@ def _outcome(
         raise _death(child.exitcode, errors) from None
     if kind == "refused":
         raise value
+    if kind == "failed":  # a decoder's exception: refused, and where it came from logged
+        refused, origin = value
+        log.warning("a decoder failed on a file (%s): refused as %s", origin, refused.code)
+        raise refused
     if kind == "error":
-        raise RuntimeError(value)  # a bug of ours, not the file's: the stage retries it
+        raise DecodeHostError(value)  # the host's, not the file's: the stage retries it
     return value
 
 
-def _death(exitcode: int | None, errors: Path) -> Refused:
+def _death(exitcode: int | None, errors: IO[bytes]) -> Refused:
     # GLib aborts the process when an allocation fails (libvips allocates through it): what
     # it wrote on its way out tells running out of the limit from any other crash.
-    said = errors.read_bytes()[-4096:].decode("utf-8", "replace").lower()
+    errors.seek(0, os.SEEK_END)
+    errors.seek(max(0, errors.tell() - 4096))
+    said = errors.read().decode("utf-8", "replace").lower()
     if any(words in said for words in OUT_OF_MEMORY):
         return Refused(TOO_COSTLY, "decoding it ran out of the memory allowed")
     if exitcode is not None and exitcode < 0:
@@ -187,15 +233,16 @@ def _death(exitcode: int | None, errors: Path) -> Refused:
 
 def _child(
     sender: multiprocessing.connection.Connection,
-    errors: str,
+    errors: int,
     work: Callable[..., object],
     sizing: Callable[[], Probed] | None,
     args: tuple[Any, ...],
     isolation: Isolation,
 ) -> None:
+    signal.alarm(math.ceil(isolation.timeout + ORPHAN_SLACK))  # its parent may be gone
     _few_arenas()
-    with open(errors, "wb") as stream:  # the decoders' own words go to the parent's file
-        os.dup2(stream.fileno(), 2)
+    os.dup2(errors, 2)  # the decoders' own words go to the parent's file
+    os.close(errors)
     try:
         _limit(HEADER_MEMORY)
         probed = sizing() if sizing is not None else None
@@ -215,9 +262,26 @@ def _child(
     except MemoryError:
         answer = ("refused", Refused(TOO_COSTLY, "decoding it ran out of the memory allowed"))
     except Exception as error:  # reported to the parent, never silently dropped
-        answer = ("error", f"{type(error).__name__}: {error}")
+        answer = _failure(error)
     sender.send(answer)
     sender.close()
+
+
+def _failure(error: Exception) -> tuple[str, object]:
+    """What the parent is told of an exception in the child: a refusal and where the decoder
+    raised it (`decoder_failed`), or the host's error."""
+    refused = decoder_failed(error)
+    if refused is None:
+        return ("error", f"{type(error).__name__}: {error}")
+    return ("failed", (refused, _origin(error)))
+
+
+def _origin(error: Exception) -> str:
+    """`NotImplementedError in DdsImagePlugin.py:_open`: the exception's type and where it
+    was raised, no message (a decoder may quote the file's bytes)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" in {os.path.basename(frames[-1].filename)}:{frames[-1].name}" if frames else ""
+    return f"{type(error).__name__}{where}"
 
 
 def _limit(room: int) -> None:

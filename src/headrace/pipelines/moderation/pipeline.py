@@ -1,6 +1,12 @@
 """The moderation pipeline's stages on the runtime: accepted -> validate -> scan -> derive ->
-reviewable, with an item quarantined when the scan finds something and refused (its task dead
-with a safe code) when validation does.
+reviewable, with an item quarantined when the scan finds something and refused (with a safe
+code) when validation or derive finds the file is not media it takes.
+
+A refusal is the item's outcome, not a failed task: the stage that found it ends `succeeded`,
+with the item `refused` and its reason, and nothing reaches the dead letters. A contributor's
+bad file is nothing an operator can act on, and a redrive could not help (its bytes are
+released). Dead letters stay for what an operator can act on: a store or media store that
+failed past the attempts, a decoding host out of disk, a bug.
 
 An upload is accepted once its bytes are kept (`MediaStore.writer`) and its item's record is
 written; then its validate task is submitted, in the upload's event (the task's group) and
@@ -31,6 +37,13 @@ page or an archive appended: a polyglot) is kept as received and flagged `media.
 (`Item.flags`) for moderators. A refused item's original is deleted unless another item needs
 the same bytes (`Moderation._release_original`).
 
+An upload's bytes are kept before its record is written. When recording them fails, or the
+item they were kept for turns out to be another's or refused, they are released at once
+(`Moderation.accept_blob`); the pruner finds what a killed process left (`upkeep`). An upload
+of the same bytes as an item being refused at that moment may find them deleted under it once
+its record is written: it keeps them again from its own spool file (its record now holds them),
+so the contributor is never asked to send them twice.
+
 Retention (`upkeep`): when the pruner runs, the items turned away (rejected, quarantined, refused)
 and the settled items of a closed event go once old enough, with their derivatives and, unless
 another item still names it, their original; an accepted upload no task names is queued.
@@ -43,6 +56,7 @@ import enum
 import functools
 import io
 import json
+import logging
 import re
 from collections.abc import Callable, Collection, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -81,6 +95,8 @@ from headrace.store.types import TaskState
 
 if TYPE_CHECKING:
     from headrace.pipelines.moderation.review import ReviewRules
+
+log = logging.getLogger("headrace.moderation")
 
 DERIVE_VERSION = 2  # 2: playable copies of audio and video, the waveform on a decibel scale
 # A decoding child's own memory beside what it decodes: the pages it writes of the forkserver's
@@ -216,7 +232,8 @@ class Reviewed:
 
 class OriginalGone(HeadraceError):
     """An upload's bytes were deleted as its record was written (an item of the same content
-    was refused at that moment, and nothing else needed them): send the upload again."""
+    was refused at that moment, and nothing else needed them), and no local copy was given to
+    keep them again from: send the upload again."""
 
     def __init__(self, media_id: str) -> None:
         super().__init__(f"media id {media_id}: the upload's bytes were not kept; send it again")
@@ -454,7 +471,46 @@ class Moderation:
     ) -> Item:
         """`accept` for bytes kept already (`MediaStore.writer`, as an upload streams in);
         `local`: a local file with the same bytes (the writer's), read instead of fetching
-        the original from the media store."""
+        the original from the media store, and kept again from if they were deleted as the
+        record was written. The bytes are released again (unless an item names them) when
+        this fails, or the item returned is refused or holds other bytes: no upload leaves
+        an original that no item names."""
+        try:
+            kept = await self._record(
+                blob,
+                event=event,
+                session=session,
+                staff=staff,
+                media_id=media_id,
+                caption=caption,
+                local=local,
+            )
+        except Exception:
+            await self.release_unnamed(blob.digest)
+            raise
+        if kept.digest != blob.digest or kept.state is ItemState.REFUSED:
+            await self.release_unnamed(blob.digest)
+        return kept
+
+    async def release_unnamed(self, digest: str, *, leaving: Collection[str] = ()) -> int:
+        """Release an original unless an item that is not refused (but those `leaving`) names
+        it: one read when one does, and the original stays where it is for the validations
+        reading it; a `release_originals` when none seems to."""
+        if await self.naming({digest}, leaving=leaving):
+            return 0
+        return await self.release_originals({digest}, leaving=leaving)
+
+    async def _record(
+        self,
+        blob: Blob,
+        *,
+        event: str,
+        session: str,
+        staff: Staff | None,
+        media_id: str | None,
+        caption: str | None,
+        local: Path | None,
+    ) -> Item:
         check_label(event, "event")
         check_label(session, "session")
         if media_id is not None:
@@ -481,11 +537,17 @@ class Moderation:
             detail = {"weight": item.weight, "reason": staff.reason}
             audit = Audit("upload.weighted", staff.by, detail)
         kept, _ = await self.records.put(item, audit)
+        if kept.digest != blob.digest or kept.state is ItemState.REFUSED:
+            return kept  # another upload's item (the caller compares), or one done with them
         # A refused item of the same bytes may have deleted them between their keeping and
         # this record: its deleter re-checks records after taking the file away, so from here
-        # on they stay, and if they are gone already the client sends them again.
-        if not await self.media.has_blob(kept.digest):
+        # on this record holds them, and if they are gone already they are kept again.
+        if await self.media.has_blob(kept.digest):
+            return kept
+        if local is None:
             raise OriginalGone(kept.media_id)
+        await self.media.keep_original(blob, local)
+        log.info("upload %s: its bytes went with a refused item's; kept again", kept.media_id)
         return kept
 
     def _readable(self, digest: str, local: Path | None) -> AbstractAsyncContextManager[Path]:
@@ -596,11 +658,8 @@ class Moderation:
                 async with self.originals.of(media_id, item.digest) as original:
                     found = await work.probe(original)
             except Refused as refused:
-                await records.write_if(
-                    media_id, ItemState.ACCEPTED, ItemState.REFUSED, reason=refused.code
-                )
-                await self._release_original(item)
-                raise hr.Fatal(refused.message, code=refused.code) from None
+                await self._refuse(item, ItemState.ACCEPTED, refused)
+                return
             # If scan has no room when this ends, the attempt is deferred: it runs again later
             # and writes the same record.
             ctx.spawn(
@@ -647,7 +706,11 @@ class Moderation:
         @app.task(name=derive_stage(media_class), max_attempts=3, **derive_options)
         async def make_derivatives(ctx: hr.Context, media_id: str) -> None:
             item = await records.get(media_id)
-            made = await self._derivatives(item)
+            try:
+                made = await self._derivatives(item)
+            except Refused as refused:  # the decoders read what validation did not
+                await self._refuse(item, ItemState.SCANNED, refused)
+                return
             await records.write_if(
                 media_id,
                 ItemState.SCANNED,
@@ -656,10 +719,23 @@ class Moderation:
                 metadata=json.loads(await self.media.read_derived(made, METADATA)),
             )
 
+    async def _refuse(self, item: Item, was: ItemState, refused: Refused) -> None:
+        """The item's outcome when a stage finds its file is not media it takes: `refused`
+        with the safe code (the stage's task succeeds), its derivatives and, unless another
+        item names it, its original gone."""
+        now = await self.records.write_if(
+            item.media_id, was, ItemState.REFUSED, reason=refused.code
+        )
+        if now.state is not ItemState.REFUSED:
+            return  # moved on under a late attempt: nothing of it is this attempt's to clear
+        log.info("item %s refused: %s", item.media_id, refused.code)
+        await self.media.remove_derived(item.media_id)
+        await self._release_original(item)
+
     async def _release_original(self, item: Item) -> None:
         """Delete a refused item's original unless another item that is not refused names the
-        same digest (`release_originals`)."""
-        await self.release_originals({item.digest}, leaving={item.media_id})
+        same digest (`release_unnamed`)."""
+        await self.release_unnamed(item.digest, leaving={item.media_id})
 
     async def release_originals(self, digests: Collection[str], *, leaving: Collection[str]) -> int:
         """Delete the originals of `digests` that no item but those `leaving` (and refused

@@ -7,7 +7,17 @@ a decompression bomb (a small file that decodes to gigabytes) is refused unopene
 file is decoded, so a truncated or corrupt one is found here and not in a later stage. Every
 refusal is a `Refused` with a safe code (`media.corrupt`, `media.too_large`,
 `media.unsupported`, and from the decoding child `media.too_costly`, `media.decode_timeout`,
-`media.decoder_crashed`) and a message that names no path and quotes no content.
+`media.decoder_crashed`) and a message that names no path and quotes no content. Whatever else
+a decoder raises on a contributor's bytes (Pillow's `NotImplementedError` for a DDS variant it
+lacks, an `IndexError` deep in a fuzzed header) is a refusal too: `decoder_failed`, applied
+once where every decode runs (`isolate`), so no decoder's exception is ever a server error.
+
+HEIF and AVIF (an ISO base media file whose `ftyp` brand is `heic`, `mif1`, `avif`, ...: see
+`HEIF_BRANDS`) are images, never video, whatever FFmpeg would make of them: libvips reads them
+(its heifload, through libheif). AVIF is taken. HEIC (HEVC-coded HEIF, what phones shoot) is
+taken where libheif was built with an HEVC decoder; the libvips wheel headrace installs
+(pyvips-binary) has none, so there it is refused by name (`media.unsupported`, "HEIC images
+are not taken ..."). Image sequences (animated AVIF, HEIF bursts) are refused by name too.
 
 Images are decoded by libvips (pyvips), not Pillow. Pillow holds every pixel of an image at once,
 and each conversion (orientation, RGBA to RGB, a copy to shrink) makes another whole copy: a
@@ -26,6 +36,7 @@ decoded; `probe` is `inspect` and then the full decode.
 from __future__ import annotations
 
 import enum
+import errno
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +88,28 @@ COMPLETE = 0.9
 SLACK = 0.1
 # Formats taken, by the name Pillow or FFmpeg gives them.
 IMAGE_FORMATS = {"JPEG": "jpeg", "PNG": "png", "WEBP": "webp", "GIF": "gif"}
+# The major brands (ISO/IEC 23008-12, AV1 Image File Format) of HEIF and AVIF files: images
+# and image sequences, never video. Sequences are refused: a moderator sees one picture.
+HEIF_STILL = frozenset({b"heic", b"heix", b"heim", b"heis", b"mif1", b"mif2", b"avif", b"avio"})
+HEIF_SEQUENCES = frozenset({b"hevc", b"hevx", b"hevm", b"hevs", b"msf1", b"avis"})
+HEIF_BRANDS = HEIF_STILL | HEIF_SEQUENCES
+HEIF_CODINGS = {"av1": "avif", "hevc": "heic"}  # libvips' heif-compression -> our format name
+# What libheif says when it was built without the codec an image needs.
+NO_CODEC = ("not been built in", "unsupported codec")
+# errno values of a failure that is the host's (its disk, its limits), not the file's.
+# ENOENT: the original went from under the decode (FFmpeg opens no file but it: OPEN_OPTIONS).
+HOST_ERRNOS = frozenset(
+    {
+        errno.ENOENT,
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.EROFS,
+        errno.EMFILE,
+        errno.ENFILE,
+        errno.EACCES,
+        errno.EPERM,
+    }
+)
 CONTAINERS = {  # FFmpeg's demuxer names
     "mov,mp4,m4a,3gp,3g2,mj2": "mp4",
     "matroska,webm": "webm",
@@ -85,6 +118,13 @@ CONTAINERS = {  # FFmpeg's demuxer names
     "ogg": "ogg",
     "flac": "flac",
     "aac": "aac",
+}
+# What FFmpeg may open a contributor's file as: the demuxers of CONTAINERS and nothing else, on
+# the local file alone. A playlist (HLS, concat) names other files and URLs, which FFmpeg would
+# otherwise open as it probes: a file read or a request on the contributor's behalf.
+OPEN_OPTIONS = {
+    "format_whitelist": ",".join(name.split(",")[0] for name in CONTAINERS),
+    "protocol_whitelist": "file",
 }
 
 # What the decoders hold, for `estimate_memory`. Measured with libvips 8.18 and FFmpeg 7 (the
@@ -117,7 +157,7 @@ class Probed:
     `trailing`: bytes past the end of an image's own data (a payload appended to it)."""
 
     media_class: MediaClass
-    format: str  # jpeg, png, webp, gif, mp4, webm, wav, mp3, ogg, flac, aac
+    format: str  # jpeg, png, webp, gif, avif, heic, mp4, webm, wav, mp3, ogg, flac, aac
     size: int
     width: int = 0
     height: int = 0
@@ -155,6 +195,9 @@ def inspect(path: Path, limits: dict[MediaClass, Limits] | None = None) -> Probe
     size = path.stat().st_size
     if size == 0:
         raise Refused(CORRUPT, "the file is empty")
+    brand = heif_brand(_head(path))
+    if brand is not None:
+        return _inspect_heif(path, size, limits[MediaClass.IMAGE], brand)
     image = _inspect_image(path, size, limits[MediaClass.IMAGE])
     if image is not None:
         return image
@@ -167,7 +210,7 @@ def decode_fully(path: Path, found: Probed) -> None:
     if found.media_class is MediaClass.IMAGE:
         _decode_image(path, found)
         return
-    with av.open(str(path), "r") as container:
+    with av.open(str(path), "r", options=OPEN_OPTIONS) as container:
         decoded = _decode_all(container, found.media_class)
     what = found.media_class.value
     if decoded <= 0:
@@ -248,21 +291,77 @@ def _decode_image(path: Path, found: Probed) -> None:
         )
         image.avg()  # pulls every row through the decoder, holding a strip at a time
     except pyvips.Error as error:
-        raise decoder_refusal(error, "the image does not decode to its end") from error
+        raise decoder_refusal(
+            error, "the image does not decode to its end", found.format
+        ) from error
 
 
-def decoder_refusal(error: pyvips.Error, message: str) -> Refused:
-    """A libvips error as a refusal: out of memory (the child's limit) is too costly."""
-    if "memory" in str(error).lower():
+def decoder_refusal(error: pyvips.Error, message: str, kind: str = "") -> Refused:
+    """A libvips error as a refusal: out of memory (the child's limit) is too costly; a codec
+    libheif was built without (HEVC in the libvips wheel) makes `kind` a format not taken."""
+    said = str(error).lower()
+    if "memory" in said:
         return Refused(TOO_COSTLY, "decoding the image needs more memory than allowed")
+    if any(words in said for words in NO_CODEC):
+        return Refused(
+            UNSUPPORTED,
+            f"{kind.upper() or 'these'} images are not taken: this server's image decoder "
+            "lacks their codec",
+        )
     return Refused(CORRUPT, message)
+
+
+def decoder_failed(error: Exception) -> Refused | None:
+    """What any other exception raised while decoding a contributor's bytes is: a refusal
+    (`NotImplementedError`: a variant of a format the decoder lacks, `media.unsupported`;
+    anything else: `media.corrupt`), or None when the host failed (a full disk, a file limit:
+    `HOST_ERRNOS`), which is no fault of the file's."""
+    if isinstance(error, OSError) and error.errno in HOST_ERRNOS:
+        return None
+    if isinstance(error, NotImplementedError):
+        return Refused(UNSUPPORTED, "the decoder does not implement this variant of its format")
+    return Refused(CORRUPT, "the decoder failed on the file")
+
+
+def heif_brand(head: bytes) -> bytes | None:
+    """The HEIF or AVIF major brand of a file's first bytes (its `ftyp` box), or None."""
+    brand = head[8:12]
+    return brand if head[4:8] == b"ftyp" and brand in HEIF_BRANDS else None
+
+
+def _head(path: Path) -> bytes:
+    with path.open("rb") as handle:
+        return handle.read(16)
+
+
+def _inspect_heif(path: Path, size: int, limits: Limits, brand: bytes) -> Probed:
+    """A HEIF or AVIF image from its header, as libvips reads it."""
+    if brand in HEIF_SEQUENCES:
+        raise Refused(UNSUPPORTED, "HEIF and AVIF image sequences are not taken: send one image")
+    try:
+        header = pyvips.Image.new_from_file(str(path))  # the header only
+        coding = header.get("heif-compression") if "heif-compression" in header.get_fields() else ""
+        width, height, bands = header.width, header.height, header.bands
+        depth = 2 if header.format == "ushort" else 1
+    except pyvips.Error as error:
+        raise Refused(CORRUPT, "the HEIF image's header does not read") from error
+    kind = HEIF_CODINGS.get(coding)
+    if kind is None:
+        raise Refused(UNSUPPORTED, "HEIF images of this coding are not taken")
+    _check_pixels(width, height, limits, "image")
+    if size > limits.max_bytes:
+        raise Refused(TOO_LARGE, f"{size} bytes, more than {limits.max_bytes}")
+    memory = image_memory(kind, width, height, bands * depth, streamed=False)
+    return Probed(MediaClass.IMAGE, kind, size, width, height, memory=memory)
 
 
 def _inspect_stream(path: Path, size: int, limits: dict[MediaClass, Limits]) -> Probed:
     try:
-        container = av.open(str(path), "r")
+        container = av.open(str(path), "r", options=OPEN_OPTIONS)
     except (av.error.FFmpegError, OSError, UnicodeDecodeError) as error:
-        if _looks_like_media(path):  # a format's signature, and nothing to read: broken
+        # EINVAL: FFmpeg knew the format, and it is not one of OPEN_OPTIONS' demuxers.
+        foreign = isinstance(error, av.error.ArgumentError)
+        if not foreign and _looks_like_media(path):  # a signature, and nothing to read: broken
             raise Refused(CORRUPT, "the file starts as media, but does not open") from error
         raise Refused(
             UNSUPPORTED, "neither an image nor audio or video this pipeline takes"
@@ -353,10 +452,10 @@ def sniff(path: Path) -> MediaClass | None:
     """The class a file's first bytes announce (its format's signature), or None: where an
     upload waits for validation, read without decoding anything. `probe` has the last word: a
     file may announce one class and turn out another (an MP4 with sound only is audio)."""
-    with path.open("rb") as handle:
-        head = handle.read(16)
+    head = _head(path)
     if (
-        head[:3] == b"\xff\xd8\xff"  # JPEG
+        heif_brand(head) is not None  # HEIF, AVIF: an image, though an MP4 holds it
+        or head[:3] == b"\xff\xd8\xff"  # JPEG
         or head[:8] == b"\x89PNG\r\n\x1a\n"
         or head[:4] == b"GIF8"
         or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")

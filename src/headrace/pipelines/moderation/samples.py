@@ -1,8 +1,9 @@
 """Sample media made on the spot, so the demo and the tests need nothing from outside: photos
-(JPEG with a GPS position in its EXIF, PNG, WebP), audio (WAV, MP3), short videos (MP4, H.264
-and AAC), and the files a moderation pipeline must refuse: a truncated JPEG, a PNG that
+(JPEG with a GPS position in its EXIF, PNG, WebP, AVIF), audio (WAV, MP3), short videos (MP4,
+H.264 and AAC), and the files a moderation pipeline must refuse: a truncated JPEG, a PNG that
 decompresses to 400 million pixels, a file whose name says one type and whose content is
-another, and the EICAR test file antivirus scanners detect by agreement.
+another, a HEIC whose HEVC the bundled decoder cannot read, a texture format its decoder does
+not implement, and the EICAR test file antivirus scanners detect by agreement.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import av
+import pyvips
 from PIL import Image
 
 # The EICAR anti-malware test file: harmless, and detected as a virus by every scanner. Kept in
@@ -67,6 +69,48 @@ def webp(width: int = 320, height: int = 240) -> bytes:
     out = io.BytesIO()
     photo(width, height, shade=120).save(out, "WEBP", quality=80)
     return out.getvalue()
+
+
+def avif(width: int = 320, height: int = 240) -> bytes:
+    """An AVIF photo (AV1 in HEIF), as recent phones and browsers write them."""
+    pixels = photo(width, height, shade=30).tobytes()
+    image = pyvips.Image.new_from_memory(pixels, width, height, 3, "uchar")
+    data: bytes = image.heifsave_buffer(compression="av1", Q=60)
+    return data
+
+
+def heic(width: int = 4032, height: int = 3024) -> bytes:
+    """A HEIC (HEVC in HEIF, what phones shoot) as its header describes it: one HEVC-coded
+    image of `width` x `height`, whose coded bytes are no picture. Its header reads as a real
+    one's does; a decoder without HEVC (libvips' wheel) says so on decoding, as for a real one."""
+    data = b"\x00" * 64
+    ftyp = _box(b"ftyp", b"heic" + struct.pack(">I", 0) + b"mif1heic")
+    offset = len(ftyp) + len(_heic_meta(width, height, 0, len(data))) + 8  # past mdat's header
+    return ftyp + _heic_meta(width, height, offset, len(data)) + _box(b"mdat", data)
+
+
+def _heic_meta(width: int, height: int, offset: int, length: int) -> bytes:
+    """A `meta` box naming one primary `hvc1` item at `offset` (ISO/IEC 23008-12)."""
+    handler = _full_box(b"hdlr", 0, b"\0" * 4 + b"pict" + b"\0" * 13)
+    primary = _full_box(b"pitm", 0, struct.pack(">H", 1))
+    location = _full_box(
+        b"iloc", 0, b"\x44\x00" + struct.pack(">HHHHII", 1, 1, 0, 1, offset, length)
+    )
+    entry = _full_box(b"infe", 2, struct.pack(">HH", 1, 0) + b"hvc1\0")
+    items = _full_box(b"iinf", 0, struct.pack(">H", 1) + entry)
+    decoder = _box(b"hvcC", b"\x01" + b"\0" * 20 + b"\x03\x00")  # no parameter sets
+    extent = _full_box(b"ispe", 0, struct.pack(">II", width, height))
+    associations = _full_box(b"ipma", 0, struct.pack(">IHB", 1, 1, 2) + b"\x81\x02")
+    properties = _box(b"iprp", _box(b"ipco", decoder + extent) + associations)
+    return _full_box(b"meta", 0, handler + primary + location + items + properties)
+
+
+def _box(kind: bytes, payload: bytes) -> bytes:
+    return struct.pack(">I4s", 8 + len(payload), kind) + payload
+
+
+def _full_box(kind: bytes, version: int, payload: bytes) -> bytes:
+    return _box(kind, struct.pack(">I", version << 24) + payload)
 
 
 def wav(seconds: float = 1.0, *, rate: int = 16_000, pitch: float = 440.0) -> bytes:
@@ -155,6 +199,14 @@ def png_bomb(side: int = 20_000) -> bytes:
 
 def eicar() -> bytes:
     return EICAR
+
+
+def unimplemented_dds() -> bytes:
+    """A DirectDraw Surface header (a game texture, 4x4) whose pixel format's FourCC no decoder
+    knows: Pillow identifies it as DDS and raises NotImplementedError on opening it."""
+    header = struct.pack("<4sIIIIIII44s", b"DDS ", 124, 0x1007, 4, 4, 0, 0, 0, bytes(44))
+    pixel_format = struct.pack("<II4sIIIII", 32, 0x4, b"ZZZZ", 0, 0, 0, 0, 0)  # DDPF_FOURCC
+    return header + pixel_format + struct.pack("<IIIII", 0x1000, 0, 0, 0, 0)
 
 
 def write_all(directory: Path) -> dict[str, Path]:

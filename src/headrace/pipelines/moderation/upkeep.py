@@ -8,6 +8,15 @@
   `upload.original_missing`. One that admission has no room for waits for the next sweep. The
   sweep looks back no further than the shortest age at which a failed validation is pruned
   (`Retention.sweep_horizon`): an older item with no task may have had one.
+- **Originals no item names.** An upload keeps its bytes a moment before its item's record
+  names them; one that failed in that moment released them itself (`Moderation.accept_blob`),
+  but a process killed there, or an older headrace that did not release them, left them with
+  no item. Once they are `retention.orphans` old (an hour by default: see `Retention`), by the
+  media store's clock, the originals no item names go (`Moderation.release_unnamed`: taken out
+  of their place, the records read, then deleted or put back), with what a killed release or
+  writer left under `blobs/`. Each run looks at what was written since the last run's end,
+  less one `orphans` period of overlap (a mark in the store), so an original is looked at about
+  twice, not at every run; the first run looks at every original, old ones included.
 - **Items past their retention.** Items turned away (rejected, quarantined, refused) once
   `retention.turned_away` old, and the settled items of an event closed
   `retention.closed_events` ago, go with their derivatives (`MediaStore.remove_derived`) and,
@@ -43,6 +52,8 @@ log = logging.getLogger("headrace.pruner")
 
 PRUNER = "pruner"  # the actor of what the sweep writes to the audit log
 ORIGINAL_MISSING = "upload.original_missing"  # its bytes were never kept: cannot be queued
+# Until when (the media store's clock) originals were looked at for an item that names them.
+ORPHANS_SWEPT = ("meta", "orphans-swept")
 TURNED_AWAY = (ItemState.REJECTED, ItemState.QUARANTINED, ItemState.REFUSED)
 PAGE = 1000
 
@@ -52,7 +63,8 @@ DERIVATIVES = "derivative sets"
 ORIGINALS = "originals"
 QUEUED = "uploads queued"
 LOST = "uploads lost"
-LABELS = (ITEMS, DERIVATIVES, ORIGINALS, QUEUED, LOST)
+ORPHANS = "originals no item named"
+LABELS = (ITEMS, DERIVATIVES, ORIGINALS, QUEUED, LOST, ORPHANS)
 
 
 async def close_event(store: Store, event: str, *, by: str) -> bool:
@@ -83,6 +95,7 @@ class Upkeep:
     async def prune(self, run: PruneRun) -> Mapping[str, int]:
         counts: Counter[str] = Counter()
         counts.update(await self.sweep(run))
+        counts.update(await self.orphans(run))
         expired = [item async for item in self.expired(run)]
         for first in range(0, len(expired), run.retention.batch):
             batch = expired[first : first + run.retention.batch]
@@ -135,6 +148,47 @@ class Upkeep:
             when={ItemState.ACCEPTED.value, ItemState.VALIDATED.value, ItemState.SCANNED.value},
             audit=Audit(action, PRUNER, {"reason": reason}),
         )
+
+    # -- originals no item names
+
+    async def orphans(self, run: PruneRun) -> Counter[str]:
+        """Release the originals no item names, written long enough ago (see the module)."""
+        counts: Counter[str] = Counter()
+        age = run.retention.orphans
+        if age is None:
+            return counts
+        until = self.media.wall() - age
+        mark = await self.store.get_record(*ORPHANS_SWEPT)
+        since = None if mark is None else float(mark.body["until"]) - age
+        stale = await self.media.stale_blobs(before=until, since=since)
+        for digest in stale.originals:
+            if run.dry_run:
+                counts[ORPHANS] += not await self.named(digest)
+            else:
+                counts[ORPHANS] += await self.moderation.release_unnamed(digest)
+        for digest, taken in stale.taken:  # a release killed between its take and its settle
+            named = await self.named(digest)
+            if not run.dry_run:
+                await self.media.settle_blob(digest, taken, keep=named)
+            counts[ORPHANS] += not named
+        for leftover in stale.leftovers:
+            if not run.dry_run:
+                await self.media.remove_leftover(leftover)
+            counts[ORPHANS] += 1
+        if not run.dry_run:
+            await self.mark_orphans_swept(until)
+        return counts
+
+    async def named(self, digest: str) -> bool:
+        return bool(await self.moderation.naming({digest}, leaving=()))
+
+    async def mark_orphans_swept(self, until: float) -> None:
+        body = {"until": until}
+        made = await self.store.put_record(
+            *ORPHANS_SWEPT, scope="moderation", state="done", body=body
+        )
+        if not made.applied:
+            await self.store.change_record(*ORPHANS_SWEPT, body=body)
 
     # -- items past their retention
 

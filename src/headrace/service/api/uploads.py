@@ -16,6 +16,17 @@ kept as `declined` until it is sent again. An event that was closed takes no upl
 finds the first upload's record and task and gets the first answer; the same key with other
 content or another caption is 422. The contributor's session (the fairness flow) is a random
 id in a cookie scoped to the event's path: nothing about the device is read.
+
+Bytes the same as an item's that is being refused at that moment are accepted all the same:
+kept again from the spool file once the upload's record holds them (`Moderation.accept_blob`),
+never a 500 and never "send it again". Were they gone with no spool file to keep them from
+(`OriginalGone`: not on this route, which always has one), the answer would be `503
+upload_lost` with `Retry-After`.
+
+`GET /v1/events/{event}/uploads/{media_id}` (the 202's `Location`): what became of an upload,
+for the contributor's session that sent it (its session cookie), as its state, its phase and,
+when a stage turned it away, the safe reason; another session's upload, or one that does not
+exist, is 404 alike. Moderators of the event read any of its uploads there.
 """
 
 from __future__ import annotations
@@ -33,11 +44,27 @@ from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from headrace.pipelines.moderation.media import BlobWriter, TooLarge
-from headrace.pipelines.moderation.pipeline import MAX_CAPTION, EventClosed, UploadConflict
+from headrace.pipelines.moderation.pipeline import (
+    ITEM,
+    MAX_CAPTION,
+    EventClosed,
+    Item,
+    ItemState,
+    OriginalGone,
+    UploadConflict,
+)
 from headrace.policy.errors import ConfigError, QueueFull
 from headrace.policy.text import text_problem
-from headrace.service.api.auth import Role
-from headrace.service.api.deps import ApiError, Caller, Service, TheService, require
+from headrace.service.api.auth import Principal, Role
+from headrace.service.api.deps import (
+    ApiError,
+    Caller,
+    Service,
+    TheService,
+    deny,
+    not_found,
+    require,
+)
 from headrace.service.api.edge import BodyLimit, EdgeRoute
 
 router = APIRouter(tags=["uploads"], route_class=EdgeRoute)
@@ -50,12 +77,23 @@ FORM_OVERHEAD = 64 * 1024  # bytes of a form around its file: boundaries, header
 MAX_PARTS = 4
 
 Event = Annotated[str, Path(pattern=LABEL, description="the event's id")]
+MediaId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$", description="the upload's media id")]
+# The states whose reason a contributor is shown: what a stage, not a moderator, decided.
+TURNED_AWAY_BY_STAGES = (ItemState.REFUSED, ItemState.QUARANTINED)
 
 
 class Accepted(BaseModel):
     media_id: str
     state: str
     event: str
+
+
+class Upload(BaseModel):
+    media_id: str
+    event: str
+    state: str  # the item's state: accepted, validated, scanned, reviewable, refused, ...
+    phase: str  # queued (waits for a stage), processing (in one), done
+    reason: str | None  # refused: a safe code (`media.unsupported`); quarantined: the finding
 
 
 @dataclass
@@ -288,6 +326,13 @@ async def upload(
         raise too_large(limit) from None
     except EventClosed:  # closed while the body arrived
         raise closed(event) from None
+    except OriginalGone:
+        raise ApiError(
+            503,
+            "upload_lost",
+            "the upload's bytes went with another item's as they were kept; send it again",
+            {"Retry-After": "1", **cookie},
+        ) from None
     except UploadConflict as conflict:
         raise ApiError(
             422,
@@ -306,4 +351,45 @@ async def upload(
     except ConfigError as error:
         raise ApiError(422, "invalid", str(error)) from None
     response.headers.update(cookie)
+    response.headers["location"] = upload_path(event, item.media_id)
     return Accepted(media_id=item.media_id, state="queued", event=event)
+
+
+def upload_path(event: str, media_id: str) -> str:
+    return f"/v1/events/{event}/uploads/{media_id}"
+
+
+@router.get(
+    "/v1/events/{event}/uploads/{media_id}",
+    response_model=Upload,
+    summary="What became of an upload (its contributor's session, or a moderator)",
+    responses={
+        401: {"description": "no valid bearer token"},
+        404: {"description": "no such upload for this token and session"},
+    },
+)
+async def upload_state(
+    event: Event, media_id: MediaId, request: Request, svc: TheService, who: Caller
+) -> Upload:
+    item = await uploaded(svc, who, event, media_id, request.cookies.get(SESSION_COOKIE, ""))
+    return Upload(
+        media_id=item.media_id,
+        event=item.event,
+        state=item.state.value,
+        phase=(await svc.moderation.phase(item)).value,
+        reason=item.reason if item.state in TURNED_AWAY_BY_STAGES else None,
+    )
+
+
+async def uploaded(svc: Service, who: Principal, event: str, media_id: str, session: str) -> Item:
+    """The upload, if `who` moderates its event or, a contributor, sent it in `session`: else
+    404 alike whether it exists or not (a denial of an existing one audited)."""
+    action = "read"
+    await require(svc, who, Role.CONTRIBUTOR, event=event, kind=ITEM, action=action)
+    found = await svc.store.get_record(ITEM, media_id)
+    if found is None or found.scope != event:
+        raise not_found(ITEM)  # as a denial reads: existence is not said
+    item = Item.of(found)
+    if not who.role.holds(Role.MODERATOR) and item.session != session:
+        raise await deny(svc, who, kind=ITEM, record_id=media_id, scope=event, action=action)
+    return item

@@ -4,6 +4,7 @@ S3-compatible bucket (`s3.py`), chosen by `--media` (`urls.py`)."""
 
 from headrace.pipelines.moderation.media.backend import (
     Backend,
+    Listed,
     LocalFile,
     Served,
     SignedUrl,
@@ -22,6 +23,7 @@ from headrace.pipelines.moderation.media.store import (
     BlobWriter,
     Derived,
     MediaStore,
+    StaleBlobs,
     check_media_id,
     check_name,
 )
@@ -33,6 +35,7 @@ __all__ = [
     "BlobWriter",
     "Derived",
     "DirectoryBackend",
+    "Listed",
     "LocalFile",
     "MediaStore",
     "MediaStoreUnusable",
@@ -42,6 +45,7 @@ __all__ = [
     "S3Location",
     "Served",
     "SignedUrl",
+    "StaleBlobs",
     "Streamed",
     "TooLarge",
     "check_media_id",

@@ -50,6 +50,15 @@ class Streamed:
 Served = LocalFile | SignedUrl | Streamed
 
 
+@dataclass(frozen=True)
+class Listed:
+    """An object as a listing gives it: its key, and when it was last written (seconds since
+    the epoch, by the storage's clock: a file's change time, a bucket's Last-Modified)."""
+
+    key: str
+    written: float
+
+
 class Backend(Protocol):
     """Where a media store's objects are. Each object is written whole or not at all: no reader
     ever sees half of one. No verb blocks the event loop."""
@@ -93,6 +102,9 @@ class Backend(Protocol):
 
     async def keys(self, prefix: str) -> list[str]:
         """The keys of every object under `prefix`."""
+
+    async def listing(self, prefix: str) -> list[Listed]:
+        """Every object under `prefix`, with when it was last written."""
 
     async def serve(self, key: str, *, signed: bool) -> Served | None:
         """The object as a preview is sent: a local file when it is on this host's disk, else

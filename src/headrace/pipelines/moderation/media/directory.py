@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from headrace.pipelines.moderation.media.backend import LocalFile, Served, scratch_file
+from headrace.pipelines.moderation.media.backend import Listed, LocalFile, Served, scratch_file
 from headrace.pipelines.moderation.media.errors import MediaUnavailable
 from headrace.policy.errors import ConfigError
 from headrace.runtime.calls import off_loop
@@ -93,6 +93,9 @@ class DirectoryBackend:
         with _translated("list", f"{prefix}/"):
             return await off_loop(self._keys, prefix)
 
+    async def listing(self, prefix: str) -> list[Listed]:
+        return await off_loop(self._listing, prefix)
+
     async def serve(self, key: str, *, signed: bool) -> Served | None:
         path = self.path(key)
         with _translated("get", key):
@@ -118,6 +121,15 @@ class DirectoryBackend:
             base = Path(folder).relative_to(self.root)
             keys.extend((base / name).as_posix() for name in names)
         return sorted(keys)
+
+    def _listing(self, prefix: str) -> list[Listed]:
+        """The files under `prefix` with their change time: a link into place (an original
+        kept, put back) changes it where the contents' time would not."""
+        found = []
+        for key in self._keys(prefix):
+            with contextlib.suppress(FileNotFoundError):  # removed since the walk
+                found.append(Listed(key, self.path(key).stat().st_ctime))
+        return found
 
 
 @contextlib.contextmanager

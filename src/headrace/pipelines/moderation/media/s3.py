@@ -27,7 +27,13 @@ import obstore
 from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
 from obstore.store import S3Store
 
-from headrace.pipelines.moderation.media.backend import Served, SignedUrl, Streamed, scratch_file
+from headrace.pipelines.moderation.media.backend import (
+    Listed,
+    Served,
+    SignedUrl,
+    Streamed,
+    scratch_file,
+)
 from headrace.pipelines.moderation.media.errors import MediaUnavailable
 from headrace.runtime.calls import off_loop
 
@@ -153,6 +159,16 @@ class S3Backend:
         with _translated("list", f"{prefix}/"):
             pages = obstore.list(self.store, prefix, chunk_size=1000)
             return sorted([meta["path"] async for page in pages for meta in page])
+
+    async def listing(self, prefix: str) -> list[Listed]:
+        with _translated("list", f"{prefix}/"):
+            pages = obstore.list(self.store, prefix, chunk_size=1000)
+            found = [
+                Listed(meta["path"], meta["last_modified"].timestamp())
+                async for page in pages
+                for meta in page
+            ]
+        return sorted(found, key=lambda listed: listed.key)
 
     async def serve(self, key: str, *, signed: bool) -> Served | None:
         if signed:

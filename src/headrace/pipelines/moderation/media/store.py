@@ -18,6 +18,11 @@ and what a killed attempt left half written.
 
 Decoding needs local files: `original` gives an original as one for a block (in place on a
 directory, streamed down to a temporary file from a bucket and removed after).
+
+An original is kept a moment before its item's record names it. Bytes an upload kept and then
+never recorded (the upload failed, its process was killed) are found by `stale_blobs`: what
+lies under `blobs/` last written in a window of time, by the storage's own clock (`now`), for
+the pruner to release those no item names (`upkeep`).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import re
 import secrets
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +55,8 @@ _DIGEST = re.compile(r"[0-9a-f]{64}")
 _STAGE = re.compile(r"[a-z][a-z0-9_]{0,31}")
 _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 _ATTEMPT = re.compile(r"attempt-[0-9a-f]{16}")
-_TAKEN = re.compile(r"blobs/[0-9a-f]{2}/\.[0-9a-f]{64}\.[0-9a-f]{16}\.taken")
+_TAKEN = re.compile(r"blobs/[0-9a-f]{2}/\.([0-9a-f]{64})\.[0-9a-f]{16}\.taken")
+_BLOB = re.compile(r"blobs/[0-9a-f]{2}/([0-9a-f]{64})")
 # A set as an item's record names it: an attempt's prefix (or, written before manifests, the
 # set's own directory).
 _SET_PREFIX = re.compile(
@@ -79,6 +86,17 @@ class Derived:
 
     def key(self, name: str) -> str:
         return f"{self.prefix}/{check_name(name)}"
+
+
+@dataclass(frozen=True)
+class StaleBlobs:
+    """What lies under `blobs/`, last written within a window: `originals` by digest; `taken`,
+    originals a release moved out and never settled (`take_blob`), as (digest, key); and
+    `leftovers`, the keys of anything else (a link a killed writer never put into place)."""
+
+    originals: tuple[str, ...] = ()
+    taken: tuple[tuple[str, str], ...] = ()
+    leftovers: tuple[str, ...] = ()
 
 
 class BlobWriter:
@@ -117,11 +135,20 @@ class BlobWriter:
 
 class MediaStore:
     """The originals and derivatives of a moderation pipeline, kept by `backend`. `setting`:
-    what named it (`--media`, `HEADRACE_MEDIA`), for a message that says what to change."""
+    what named it (`--media`, `HEADRACE_MEDIA`), for a message that says what to change.
+    `wall`: the clock objects' times are read against (seconds since the epoch, as a storage
+    dates them)."""
 
-    def __init__(self, backend: Backend, *, setting: str = "media") -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        setting: str = "media",
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.backend = backend
         self.setting = setting
+        self.wall = wall
 
     def describe(self) -> str:
         return self.backend.describe()
@@ -204,6 +231,29 @@ class MediaStore:
         if keep:
             await self.backend.copy(taken, blob_key(digest))
         await self.backend.delete(taken)
+
+    async def stale_blobs(self, *, before: float, since: float | None = None) -> StaleBlobs:
+        """What lies under `blobs/` last written before `before` (and after `since`, when
+        given), in seconds since the epoch by `wall`."""
+        originals: list[str] = []
+        taken: list[tuple[str, str]] = []
+        leftovers: list[str] = []
+        for listed in await self.backend.listing("blobs"):
+            if listed.written >= before or (since is not None and listed.written <= since):
+                continue
+            if found := _BLOB.fullmatch(listed.key):
+                originals.append(found[1])
+            elif found := _TAKEN.fullmatch(listed.key):
+                taken.append((found[1], listed.key))
+            else:
+                leftovers.append(listed.key)
+        return StaleBlobs(tuple(originals), tuple(taken), tuple(leftovers))
+
+    async def remove_leftover(self, key: str) -> bool:
+        """Delete an object `stale_blobs` names a leftover."""
+        if not key.startswith("blobs/") or _BLOB.fullmatch(key) or _TAKEN.fullmatch(key):
+            raise ConfigError(f"leftover: expected a key stale_blobs gave, got {key!r}")
+        return await self.backend.delete(key)
 
     async def remove_blob(self, digest: str) -> bool:
         """Delete an original; False when it was not there. Whether an item still names it is
