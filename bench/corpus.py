@@ -25,11 +25,7 @@ import asyncio
 import contextlib
 import json
 import os
-import re
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections import Counter
@@ -40,6 +36,7 @@ from pathlib import Path
 import httpx
 
 import headrace as hr
+from bench.serving import Server, serving, tokens
 from headrace.pipelines.moderation.media import open_media
 from headrace.pipelines.moderation.pipeline import ItemState, Records
 
@@ -51,17 +48,6 @@ SETTLED = {state.value for state in ItemState if state.settled and state is not 
 SETTLE_TIMEOUT = 1800.0
 UPLOAD_TIMEOUT = 120.0
 RETRIES = 50  # times a 429 is sent again before the upload counts as not taken
-
-
-@dataclass(frozen=True)
-class Server:
-    """A running `headrace serve`: its URL and a token per role."""
-
-    url: str
-    tokens: dict[str, str]
-
-    def auth(self, role: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.tokens[role]}"}
 
 
 @dataclass
@@ -116,59 +102,6 @@ def corpus_files(root: Path, only: Sequence[str] = ()) -> list[Path]:
 
 
 # -- a server
-
-
-def headrace(*args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "headrace", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"headrace {args[0]} failed: {done.stderr.strip()}")
-    return done.stdout.strip()
-
-
-@contextlib.contextmanager
-def serving(db: str, media: str) -> Iterator[Server]:
-    """`headrace serve` on `db` and `media`, on a free port, until the block ends."""
-    tokens = {
-        role: headrace("token", "create", "--db", db, role, "--role", role, "--event", EVENT)
-        for role in ("contributor", "moderator")
-    }
-    tokens["admin"] = headrace(
-        "token", "create", "--db", db, "admin", "--role", "admin", "--event", "*"
-    )
-    command = [sys.executable, "-m", "headrace", "serve", "--db", db, "--media", media]
-    process = subprocess.Popen(
-        [*command, "--port", "0"],
-        cwd=ROOT,
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-    )
-    assert process.stderr is not None
-    for line in process.stderr:
-        found = re.search(r"serving (http://\S+): store", line)
-        if found:
-            break
-    else:
-        raise SystemExit("headrace serve did not start")
-    drain = threading.Thread(target=process.stderr.read, daemon=True)
-    drain.start()
-    try:
-        yield Server(found[1], tokens)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        drain.join(timeout=10)
-        process.stderr.close()
 
 
 @contextlib.contextmanager
@@ -317,7 +250,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         scratch_store(args.store, Path(scratch)) as db,
     ):
         media = args.media or str(Path(scratch) / "media")
-        with serving(db, media) as server:
+        made = tokens(db, {role: (role, EVENT) for role in ("contributor", "moderator")})
+        made |= tokens(db, {"admin": ("admin", "*")})
+        with serving(db, media, made) as server:
             run = asyncio.run(upload_all(server, files, at_once=args.at_once, root=args.corpus))
         run.unnamed_originals = asyncio.run(unnamed_originals(db, media))
     print(report(run, store=args.store, media="directory" if args.media is None else media))

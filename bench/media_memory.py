@@ -26,16 +26,12 @@ import contextlib
 import json
 import os
 import platform
-import re
 import struct
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -43,6 +39,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from bench.serving import Server, serving, tokens
 from headrace.pipelines.moderation import samples
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "media-memory.json"
@@ -128,58 +125,6 @@ def burst_media() -> tuple[list[Upload], list[Upload], list[Upload]]:
 # -- the server
 
 
-@dataclass
-class Server:
-    process: subprocess.Popen[str]
-    url: str
-    tokens: dict[str, str]
-
-
-def headrace(*args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "headrace", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"headrace {args[0]} failed: {done.stderr.strip()}")
-    return done.stdout.strip()
-
-
-@contextmanager
-def serving(scratch: Path, options: Sequence[str]) -> Iterator[Server]:
-    db = f"sqlite:///{scratch / 'serve.db'}"
-    tokens = {
-        name: headrace("token", "create", "--db", db, name, "--role", role, "--event", EVENT)
-        for name, role in (("uploader", "contributor"), ("moderator", "moderator"))
-    }
-    command = [sys.executable, "-m", "headrace", "serve", "--db", db]
-    command += ["--media", str(scratch / "media"), "--port", "0", *options]
-    process = subprocess.Popen(
-        command, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
-    )
-    assert process.stderr is not None
-    for line in process.stderr:
-        found = re.search(r"serving (http://\S+): store", line)
-        if found:
-            break
-    else:
-        raise SystemExit("headrace serve did not start")
-    drain = threading.Thread(target=lambda: process.stderr and process.stderr.read(), daemon=True)
-    drain.start()
-    try:
-        yield Server(process, found[1], tokens)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 # -- memory
 
 
@@ -259,7 +204,7 @@ async def send(client: httpx.AsyncClient, server: Server, upload: Upload) -> str
     answer = await client.post(
         f"{server.url}/v1/events/{EVENT}/uploads",
         headers={
-            "Authorization": f"Bearer {server.tokens['uploader']}",
+            **server.auth("uploader"),
             "Idempotency-Key": upload.name,
         },
         files={"file": (upload.name, upload.data)},
@@ -277,7 +222,7 @@ async def states(client: httpx.AsyncClient, server: Server) -> dict[str, str]:
         answer = await client.get(
             f"{server.url}/v1/events/{EVENT}/items",
             params={"after": after, "limit": 500},
-            headers={"Authorization": f"Bearer {server.tokens['moderator']}"},
+            headers=server.auth("moderator"),
         )
         page = answer.json()
         found.update({item["media_id"]: item["state"] for item in page["items"]})
@@ -333,11 +278,11 @@ async def burst(server: Server, case: str, uploads: Sequence[Upload]) -> Run:
 
 
 def fresh_run(case: str, uploads: Sequence[Upload], options: Sequence[str]) -> Run:
-    with (
-        tempfile.TemporaryDirectory(prefix="headrace-memory-") as scratch,
-        serving(Path(scratch), options) as server,
-    ):
-        return asyncio.run(burst(server, case, uploads))
+    with tempfile.TemporaryDirectory(prefix="headrace-memory-") as scratch:
+        db = f"sqlite:///{Path(scratch) / 'serve.db'}"
+        roles = {"uploader": ("contributor", EVENT), "moderator": ("moderator", EVENT)}
+        with serving(db, str(Path(scratch) / "media"), tokens(db, roles), options) as server:
+            return asyncio.run(burst(server, case, uploads))
 
 
 # -- report
