@@ -122,6 +122,7 @@ class Moderator:
     bulk: list[str] = field(default_factory=list)
     undone: str | None = None
     errors: list[str] = field(default_factory=list)
+    claims_lost: int = 0  # claims another moderator's page took first (409: the page marks it)
     started: float = 0.0
     ended: float = 0.0
 
@@ -138,8 +139,16 @@ class Moderator:
         self.errors.append(str(error))
 
     def console(self, message: ConsoleMessage) -> None:
-        if message.type == "error":
-            self.errors.append(f"{message.text} ({message.location.get('url')})")
+        if message.type != "error":
+            return
+        url = str(message.location.get("url"))
+        # Moving onto an item another moderator claimed since the last poll: the claim is
+        # refused (409, with its holder, which the page then shows). A race between people,
+        # not a fault of the page; the held-by-two check below is what must hold.
+        if "(Conflict)" in message.text and "/claim/" in url:
+            self.claims_lost += 1
+            return
+        self.errors.append(f"{message.text} ({url})")
 
     async def actions(self) -> int:
         return int(await self.page.evaluate("() => Number(document.body.dataset.actions || 0)"))
@@ -354,6 +363,7 @@ def report(
     span = max(m.ended for m in moderators) - min(m.started for m in moderators)
     print(f"  all          {len(standing):4d} decisions in {span:6.1f} s")
     print(f"  items held by two moderators at once: {overlaps}")
+    print(f"  claims another moderator took first: {sum(m.claims_lost for m in moderators)}")
     print(
         f"  decisions standing per item: {dict(Counter(applied.values()))} (undone: {len(undone)})"
     )

@@ -15,7 +15,7 @@ import pytest
 import headrace as hr
 from headrace.pipelines.moderation import samples
 from headrace.pipelines.moderation.media import DirectoryBackend, MediaStore, MediaStoreUnusable
-from headrace.pipelines.moderation.originals import MISSING
+from headrace.pipelines.moderation.originals import MISSING, SETTLING
 from headrace.pipelines.moderation.pipeline import Item, ItemState, Moderation
 from headrace.pipelines.moderation.scan import BuiltinScanner
 from headrace.policy.retry import RetryPolicy
@@ -92,6 +92,30 @@ async def test_an_item_whose_own_original_is_gone_is_its_own_loss(tmp_path: Path
     assert task is not None and task.state is TaskState.DEAD
     assert (task.error_code, task.attempt) == (MISSING, 1)  # never retried
     assert others == [ItemState.REVIEWABLE] * 2
+
+
+async def test_an_original_out_of_its_place_for_a_moment_is_read_again_shortly(
+    tmp_path: Path,
+) -> None:
+    """The refusal of an item with the same bytes has taken the original out of its place to
+    settle it: a stage that misses it meanwhile runs again, and finds it put back."""
+    app = hr.App("memory://")
+    moderation = moderation_over(app, tmp_path / "media")
+    async with app:
+        [item] = await uploaded(moderation, 1)
+        taken = await moderation.media.take_blob(item.digest)
+        assert taken is not None
+        draining = asyncio.create_task(hr.Worker(app, seed=3).drain(fail_fast=False))
+        await asyncio.sleep(1.0)
+        await moderation.media.settle_blob(item.digest, taken, keep=True)
+        await draining
+        task = await app.store.find(f"validate:{item.media_id}")
+        assert task is not None
+        attempts = await app.store.attempts(task.id)
+        state = (await moderation.records.get(item.media_id)).state
+    assert state is ItemState.REVIEWABLE
+    assert task.state is TaskState.SUCCEEDED
+    assert {a.code for a in attempts if a.outcome is AttemptOutcome.RETRY} == {SETTLING}
 
 
 async def test_a_media_store_holding_none_of_the_waiting_originals_is_an_outage(

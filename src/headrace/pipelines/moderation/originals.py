@@ -5,6 +5,10 @@ A stage that cannot read an item's original tells two things apart:
 
 - the media store cannot be reached (`MediaUnavailable`): an outage, no item's fault; the task
   backs off and runs again, its attempt not counted (`hr.Unavailable`);
+- the item's original is out of its place for a moment, while the refusal of an item with the
+  same bytes settles whether to delete it or put it back (`MediaStore.take_blob`): retried
+  shortly, its attempt not counted (`media.original_settling`); the item names it, so it is
+  put back;
 - the item's original is not there: the item's own loss (`media.original_missing`, never
   retried: an operator restores the original and retries the dead letter), unless the store
   holds none of the other waiting items' originals either. Then it is not the deployment's
@@ -38,6 +42,7 @@ ITEM = "item"  # the kind of an item's record (pipeline.ITEM)
 WAITING = ("accepted", "validated", "scanned")
 SAMPLE = 20  # waiting items looked at per state: the oldest, whose tasks run first
 MISSING = "media.original_missing"
+SETTLING = "media.original_settling"
 
 
 class Originals:
@@ -62,7 +67,14 @@ class Originals:
     async def missing(self, media_id: str, digest: str) -> TaskFailure:
         """Why an item's original could not be found: its own loss, or (none of the other
         waiting items' originals being there either) a media store that is not the
-        deployment's."""
+        deployment's; or only out of its place for a moment (see the module)."""
+        # Put back since the read missed it, or about to be: either way, there to read again.
+        if await self.media.being_settled(digest) or await self.media.has_blob(digest):
+            return hr.Unavailable(  # not the item's fault: its attempts are not counted
+                f"media id {media_id}: its original is being settled by the refusal of an item "
+                "with the same bytes",
+                code=SETTLING,
+            )
         others = [found for found in await self.waiting() if found != digest]
         if others and not await self.any_kept(others):
             return MediaUnavailable(

@@ -223,6 +223,15 @@ class MediaStore:
         taken = f"{blob_key(digest).rsplit('/', 1)[0]}/.{digest}.{secrets.token_hex(8)}.taken"
         return taken if await self.backend.move(blob_key(digest), taken) else None
 
+    async def being_settled(self, digest: str) -> bool:
+        """Whether a blob is out of its place for the moment (`take_blob`), to be deleted or put
+        back: a read that finds it missing meanwhile may find it again shortly."""
+        prefix = blob_key(digest).rsplit("/", 1)[0]
+        return any(
+            (found := _TAKEN.fullmatch(key)) and found[1] == digest
+            for key in await self.backend.keys(prefix)
+        )
+
     async def settle_blob(self, digest: str, taken: str, *, keep: bool) -> None:
         """Delete a taken blob, or (`keep`) put it back: unless an upload put the same bytes
         in place meanwhile, which then stand."""
