@@ -105,6 +105,15 @@ def corpus_files(root: Path, only: Sequence[str] = ()) -> list[Path]:
 
 
 @contextlib.contextmanager
+def corpus_server(db: str, media: str) -> Iterator[Server]:
+    """`headrace serve` on `db` and `media`, with a token for each role."""
+    made = tokens(db, {role: (role, EVENT) for role in ("contributor", "moderator")})
+    made |= tokens(db, {"admin": ("admin", "*")})
+    with serving(db, media, made) as server:
+        yield server
+
+
+@contextlib.contextmanager
 def scratch_store(kind: str, scratch: Path) -> Iterator[str]:
     """A store URL no one else uses: an SQLite file in `scratch`, or a PostgreSQL schema of
     its own, dropped afterwards."""
@@ -250,9 +259,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         scratch_store(args.store, Path(scratch)) as db,
     ):
         media = args.media or str(Path(scratch) / "media")
-        made = tokens(db, {role: (role, EVENT) for role in ("contributor", "moderator")})
-        made |= tokens(db, {"admin": ("admin", "*")})
-        with serving(db, media, made) as server:
+        with corpus_server(db, media) as server:
             run = asyncio.run(upload_all(server, files, at_once=args.at_once, root=args.corpus))
         run.unnamed_originals = asyncio.run(unnamed_originals(db, media))
     print(report(run, store=args.store, media="directory" if args.media is None else media))

@@ -23,7 +23,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bench.corpus import CORPUS, Upload, corpus_files, serving, unnamed_originals, upload_all
+from bench.corpus import (
+    CORPUS,
+    Upload,
+    corpus_files,
+    corpus_server,
+    unnamed_originals,
+    upload_all,
+)
 
 from tests.integration.postgres import fresh_schema
 from tests.objectstore import CREDENTIALS, fresh_bucket, media_url
@@ -85,7 +92,7 @@ def test_the_files_of_pillows_corpus_that_misbehaved_settle_on_every_store(
 ) -> None:
     root = corpus()
     db, media = stores
-    with serving(db, media) as server:
+    with corpus_server(db, media) as server:
         # Four at once: the identical files arrive while the first of them is refused.
         run = asyncio.run(upload_all(server, corpus_files(root, list(EXPECTED)), root=root))
     run.unnamed_originals = asyncio.run(unnamed_originals(db, media))
