@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -139,30 +140,38 @@ def socket_files(root: Path) -> list[Path]:
     return list(root.glob("**/*.sock"))
 
 
-def occupied_by_a_file(directory: Path) -> None:
+def occupied_by_a_file(directory: Path, scratch: Path) -> None:
     directory.write_text("")
 
 
-def a_symlink_to_a_directory(directory: Path) -> None:
-    target = directory.with_name("elsewhere")
+def a_symlink_to_a_directory(directory: Path, scratch: Path) -> None:
+    target = scratch / "elsewhere"  # the test's own: nothing left in the shared temp directory
     target.mkdir()
     directory.symlink_to(target)
 
 
-def writable_by_others(directory: Path) -> None:
+def writable_by_others(directory: Path, scratch: Path) -> None:
     directory.mkdir()
     directory.chmod(0o777)
+
+
+def spoiled(directory: Path) -> None:
+    """Take away what a spoiling left in the system's temporary directory."""
+    if directory.is_dir() and not directory.is_symlink():
+        shutil.rmtree(directory)
+    else:
+        directory.unlink(missing_ok=True)
 
 
 @pytest.mark.parametrize(
     "spoil", [occupied_by_a_file, a_symlink_to_a_directory, writable_by_others]
 )
 async def test_an_unusable_directory_leaves_waits_to_the_poll(
-    tmp_path: Path, spoil: Callable[[Path], None], caplog: pytest.LogCaptureFixture
+    tmp_path: Path, spoil: Callable[[Path, Path], None], caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="headrace.store.sqlite.wake")
     database = tmp_path / "a.db"
-    spoil(channel_directory(database))
+    spoil(channel_directory(database), tmp_path)
     waiter, writer = SQLiteStore(database), SQLiteStore(database)
     await waiter.open(Settings())
     await writer.open(Settings())
@@ -174,6 +183,7 @@ async def test_an_unusable_directory_leaves_waits_to_the_poll(
     finally:
         await writer.close()
         await waiter.close()
+        spoiled(channel_directory(database))
     assert "no wake-ups" in caplog.text
     assert not socket_files(tmp_path)
 
