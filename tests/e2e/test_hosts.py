@@ -273,6 +273,20 @@ async def when_running(store: Store, worker: str, most: int = 3) -> None:
     raise AssertionError(f"{worker} never ran anything")
 
 
+async def cut_while_running(net: hosts.Network, store: Store, host: str) -> None:
+    """Cut `host`'s link while it runs something. What the store shows running once the link
+    is cut is what the host will lose: its tasks can have ended between the look that found
+    them and the cut (they take a few tens of milliseconds), and then it is mended and tried
+    again."""
+    for _ in range(50):
+        await when_running(store, host)
+        net.cut(host)
+        if await running_on(store, host):
+            return
+        net.mend(host)
+    raise AssertionError(f"{host} never ran anything at the moment its link was cut")
+
+
 async def make_chaos(
     net: hosts.Network,
     processes: dict[str, subprocess.Popen[bytes]],
@@ -287,8 +301,7 @@ async def make_chaos(
     processes["w2"].kill()
     burst.killed_at = await store.now()
     processes["w2b"] = start_host(net, "w2", "w2b", ["worker", APP, "--name", "w2b"], env, tmp)
-    await when_running(store, "w1")
-    net.cut("w1")
+    await cut_while_running(net, store, "w1")
     burst.cut_at = await store.now()
     await asyncio.sleep(CUT_FOR)
     net.mend("w1")
