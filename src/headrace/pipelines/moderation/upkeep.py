@@ -48,7 +48,7 @@ from headrace.pipelines.moderation.media import MediaStore
 from headrace.pipelines.moderation.review import Review
 from headrace.policy.errors import QueueFull
 from headrace.runtime.app import App
-from headrace.runtime.pruner import PruneRun
+from headrace.runtime.prunehooks import PruneRun
 from headrace.store.base import Store
 from headrace.store.records import Audit, Record
 
