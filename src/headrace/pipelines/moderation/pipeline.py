@@ -23,7 +23,7 @@ bound in all and per session, so one contributor cannot fill a stage for everyon
 feeds the next: while scan is full, validation waits; while derive is full, scanning does. An
 item waiting in a stage is *queued*, one whose task runs is *processing* (`Moderation.phase`).
 
-Each item's record (kind `item` in the app's store, scoped to its event: `store/records.py`)
+Each item's record (kind `item`, scoped to its event: `items.py`, over `store/records.py`)
 says what a moderator sees: its state, class and format, the reason of an automatic flag, where
 its derivatives are. A moderator's decision commits with its audit row and the notice it owes
 (the outbox), in one transaction. Stage handlers are plain functions (CPU work runs off the event
