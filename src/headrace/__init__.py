@@ -37,6 +37,7 @@ from headrace.runtime import (
     Result,
     TaskDefinition,
     Worker,
+    WorkerSettings,
     consume_bounded,
 )
 from headrace.store.types import GroupReport, TaskRecord, TaskState
@@ -73,6 +74,7 @@ __all__ = [
     "Transient",
     "Unavailable",
     "Worker",
+    "WorkerSettings",
     "consume_bounded",
 ]
 __version__ = "0.1.0"

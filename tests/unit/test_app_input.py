@@ -4,6 +4,7 @@ worker's first claim."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,19 @@ def test_a_lease_is_renewed_every_third_of_it_unless_told() -> None:
     app = hr.App("memory://")
     assert hr.Worker(app, lease="30s").renew_every == 10.0
     assert hr.Worker(app, lease="30s", renew="25s").renew_every == 25.0
+
+
+def test_a_worker_runs_with_settings_made_once_and_never_changed() -> None:
+    app = hr.App("memory://")
+    settings = hr.WorkerSettings.of(app, slots=3, lease="9s", name="w1")
+    assert (settings.slots, settings.lease_for, settings.renew_every) == (3, 9.0, 3.0)
+    worker = hr.Worker(app, settings=settings)
+    assert worker.settings is settings
+    assert (worker.name, worker.slots) == ("w1", 3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.slots = 4  # type: ignore[misc]
+    with pytest.raises(hr.ConfigError, match=r"^worker: give its settings or its options"):
+        hr.Worker(app, settings=settings, slots=2)
 
 
 async def test_a_lease_renewed_at_the_interval_given_outlives_a_long_task() -> None:

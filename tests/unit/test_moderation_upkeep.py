@@ -12,10 +12,10 @@ import pytest
 
 import headrace as hr
 from headrace.pipelines.moderation import samples
+from headrace.pipelines.moderation.items import HOLD
 from headrace.pipelines.moderation.media import DirectoryBackend, MediaStore
 from headrace.pipelines.moderation.model import ModelWork
 from headrace.pipelines.moderation.pipeline import (
-    HOLD,
     EventClosed,
     ItemState,
     Moderation,

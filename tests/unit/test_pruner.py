@@ -12,7 +12,8 @@ import pytest
 import headrace as hr
 from headrace.policy.errors import PrunerBusy
 from headrace.policy.retention import DAY, Retention
-from headrace.runtime.pruner import Pruner, PruneRun
+from headrace.runtime.prunehooks import PruneRun
+from headrace.runtime.pruner import Pruner
 from headrace.store.pruning import SUCCEEDED_TASKS
 
 pytestmark = pytest.mark.anyio

@@ -4,7 +4,9 @@ from headrace.runtime.app import App, TaskDefinition
 from headrace.runtime.bounded import consume_bounded
 from headrace.runtime.context import Context
 from headrace.runtime.results import Pending, RemoteWait, Result
-from headrace.runtime.worker import Worker, WorkerStats
+from headrace.runtime.settings import WorkerSettings
+from headrace.runtime.stats import WorkerStats
+from headrace.runtime.worker import Worker
 
 __all__ = [
     "App",
@@ -14,6 +16,7 @@ __all__ = [
     "Result",
     "TaskDefinition",
     "Worker",
+    "WorkerSettings",
     "WorkerStats",
     "consume_bounded",
 ]

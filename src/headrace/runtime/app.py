@@ -9,7 +9,7 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Literal, overload
+from typing import Literal, overload
 
 from headrace.policy import gate as gating
 from headrace.policy.clock import Clock
@@ -22,13 +22,11 @@ from headrace.policy.retry import RetryPolicy
 from headrace.policy.tiers import Tier
 from headrace.runtime.classes import check_class_name
 from headrace.runtime.context import Context
+from headrace.runtime.prunehooks import PruneHook
 from headrace.runtime.results import Pending, RemoteWait, Result
 from headrace.store.base import Store
 from headrace.store.types import NewTask, Settings, Sibling, StageLimits, Submitted, check_text
 from headrace.store.urls import open_store
-
-if TYPE_CHECKING:
-    from headrace.runtime.pruner import PruneHook
 
 HandlerResult = Result | RemoteWait | None
 Handler = Callable[[Context, str], Awaitable[HandlerResult] | HandlerResult]

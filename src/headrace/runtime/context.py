@@ -9,12 +9,11 @@ from typing import TYPE_CHECKING
 
 from headrace.policy.durations import Duration, seconds
 from headrace.policy.tiers import Tier
-from headrace.runtime.results import RemoteWait
+from headrace.runtime.results import Delivery, RemoteWait
 from headrace.store.types import Lease, NewTask, Sibling, TaskRecord
 
 if TYPE_CHECKING:
     from headrace.runtime.app import App, TaskDefinition
-    from headrace.runtime.remote import Delivery
 
 
 @dataclass

@@ -15,10 +15,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import astuple, dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from headrace.runtime.worker import WorkerStats
+from headrace.runtime.stats import WorkerStats
 
 DEFAULT_EVERY = 10.0  # seconds
 

@@ -10,31 +10,18 @@ A run logs one INFO line saying what it removed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from headrace.policy.errors import PrunerBusy
 from headrace.policy.retention import Retention
 from headrace.runtime.app import App
+from headrace.runtime.prunehooks import PruneRun
 
 log = logging.getLogger("headrace.pruner")
 
 # Seconds a run holds the lease; renewed after each step, so a run that outlives it is rare.
 LEASE = 600.0
-
-
-@dataclass(frozen=True)
-class PruneRun:
-    """What a prune hook is given: the ages to apply, whether to count only (`dry_run`: change
-    nothing, say what would go), and the store's time the run started at."""
-
-    retention: Retention
-    dry_run: bool
-    now: float
-
-
-# A prune hook returns how many of each kind of thing it removed (or would), by kind name.
-PruneHook = Callable[[PruneRun], Awaitable[Mapping[str, int]]]
 
 
 @dataclass(frozen=True)

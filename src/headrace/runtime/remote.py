@@ -15,18 +15,16 @@ import asyncio
 import hashlib
 import inspect
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from headrace.policy.errors import ConfigError, Fatal, RemoteFailed, TaskFailure, Transient
+from headrace.runtime.app import TaskDefinition
 from headrace.runtime.calls import call
+from headrace.runtime.context import Context
+from headrace.runtime.results import Delivery as Delivery  # remote.Delivery, as before
 from headrace.runtime.results import Pending, Result
 from headrace.store.base import Store
 from headrace.store.types import Outcome, PollAgain, Succeeded
-
-if TYPE_CHECKING:
-    from headrace.runtime.app import TaskDefinition
-    from headrace.runtime.context import Context
 
 log = logging.getLogger("headrace.worker")
 
@@ -39,15 +37,6 @@ def settled(failure: TaskFailure) -> bool:
     """Whether a failure raised while checking a job says how the job ended (so a new job may
     be submitted), rather than that the check itself failed."""
     return isinstance(failure, RemoteFailed | Fatal | Cancelled)
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """How a provider said a remote job ended, in a webhook (`deliver`)."""
-
-    provider: str
-    succeeded: bool
-    result: Any
 
 
 def remote_key(remote_id: str) -> str:

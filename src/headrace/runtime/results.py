@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from headrace.policy.durations import Duration, seconds
 from headrace.policy.errors import ConfigError
@@ -42,3 +43,12 @@ class Pending:
     @property
     def delay(self) -> float | None:
         return None if self.after is None else float(self.after)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """How a provider said a remote job ended, in a webhook (`remote.deliver`)."""
+
+    provider: str
+    succeeded: bool
+    result: Any

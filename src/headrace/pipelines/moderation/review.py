@@ -39,16 +39,21 @@ import contextlib
 import hashlib
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
+from headrace.pipelines.moderation.items import (
+    ITEM,
+    Item,
+    ItemState,
+    Records,
+    Reviewed,
+    check_label,
+)
 from headrace.pipelines.moderation.media import check_media_id
-from headrace.pipelines.moderation.pipeline import ITEM, Item, ItemState, Reviewed, check_label
 from headrace.policy.errors import ConfigError, UnknownRecord
+from headrace.runtime.app import App
 from headrace.store.base import Store
 from headrace.store.records import Age, Audit, Changed, Notice, Record
-
-if TYPE_CHECKING:
-    from headrace.pipelines.moderation.pipeline import Moderation
 
 CLAIM = "claim"  # the kind of a claim's record
 FREE = "free"
@@ -157,13 +162,14 @@ def check_decision(by: str, approve: bool, reason: str | None) -> None:
 class Review:
     """Claims and decisions on a moderation pipeline's items (`Moderation.reviews`)."""
 
-    def __init__(self, moderation: Moderation, rules: ReviewRules | None = None) -> None:
-        self.moderation = moderation
+    def __init__(self, app: App, records: Records, rules: ReviewRules | None = None) -> None:
+        self.app = app
+        self.records = records
         self.rules = rules or ReviewRules()
 
     @property
     def store(self) -> Store:
-        return self.moderation.app.store
+        return self.app.store
 
     # -- claims
 
@@ -176,7 +182,7 @@ class Review:
         """Take the item for `by` (or renew `by`'s claim): ClaimedByOther while another
         moderator's claim is live, NotReviewable unless the item waits for a decision."""
         check_label(by, "by")
-        return await self._take(await self.moderation.records.get(media_id), by)
+        return await self._take(await self.records.get(media_id), by)
 
     async def _take(self, item: Item, by: str) -> Claim:
         """`claim` of an item as it was just read."""
@@ -232,7 +238,7 @@ class Review:
 
     async def _reviewable(self, media_id: str, action: str) -> Item:
         """The item as it now is, if it waits for a decision; else NotReviewable."""
-        item = await self.moderation.records.get(media_id)
+        item = await self.records.get(media_id)
         if item.state is not ItemState.REVIEWABLE:
             raise NotReviewable(item, action)
         return item
@@ -344,7 +350,7 @@ class Review:
         decision stands and owes one notice; a repeat of it changes nothing. ClaimedByOther
         while another moderator holds it; NotReviewable when it was decided otherwise."""
         check_decision(by, approve, reason)
-        item = await self.moderation.records.get(media_id)
+        item = await self.records.get(media_id)
         return await self._decide(item, approve=approve, by=by, reason=reason)
 
     async def _decide(self, item: Item, *, approve: bool, by: str, reason: str | None) -> Reviewed:
@@ -433,7 +439,7 @@ class Review:
         changes nothing and answers the same. NotReviewable when the item is not decided, was
         decided by another, or the window has passed."""
         check_label(by, "by")
-        item = await self.moderation.records.get(media_id)
+        item = await self.records.get(media_id)
         audit = Audit("review.undone", by, {"was": item.state.value})
         if reopened_by(item, by):
             await self._refused(item, audit, f"unchanged: {item.state.value}")
@@ -474,7 +480,7 @@ class Review:
             raise ConfigError("reason: an admin changing a decision says why (1 to 200 characters)")
         wanted = ItemState.APPROVED if approve else ItemState.REJECTED
         other = ItemState.REJECTED if approve else ItemState.APPROVED
-        item = await self.moderation.records.get(media_id)
+        item = await self.records.get(media_id)
         changed = await self.store.change_record(
             ITEM,
             item.media_id,
@@ -494,7 +500,7 @@ class Review:
     async def pending_by_session(self, event: str) -> dict[str, int]:
         """How many items of each session wait for a decision."""
         counts: dict[str, int] = {}
-        for item in await self.moderation.records.all(event=event, state=ItemState.REVIEWABLE):
+        for item in await self.records.all(event=event, state=ItemState.REVIEWABLE):
             counts[item.session] = counts.get(item.session, 0) + 1
         return counts
 

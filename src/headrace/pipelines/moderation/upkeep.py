@@ -32,19 +32,23 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from typing import Protocol
 
-from headrace.pipelines.moderation.pipeline import (
+from headrace.pipelines.moderation.items import (
     CLOSED,
     EVENT,
     ITEM,
     Item,
     ItemState,
-    Moderation,
+    Records,
     check_label,
     validate_key,
 )
+from headrace.pipelines.moderation.media import MediaStore
+from headrace.pipelines.moderation.review import Review
 from headrace.policy.errors import QueueFull
-from headrace.runtime.pruner import PruneRun
+from headrace.runtime.app import App
+from headrace.runtime.prunehooks import PruneRun
 from headrace.store.base import Store
 from headrace.store.records import Audit, Record
 
@@ -81,10 +85,31 @@ async def close_event(store: Store, event: str, *, by: str) -> bool:
     return made.applied
 
 
+class Pipeline(Protocol):
+    """What the prune hook needs of the pipeline it cleans up after (`Moderation`)."""
+
+    app: App
+    media: MediaStore
+    records: Records
+    reviews: Review
+
+    async def submit(self, item: Item) -> int: ...
+
+    async def release_unnamed(self, digest: str, *, leaving: Collection[str] = ()) -> int: ...
+
+    async def release_originals(
+        self, digests: Collection[str], *, leaving: Collection[str]
+    ) -> int: ...
+
+    async def naming(
+        self, digests: Collection[str], *, leaving: Collection[str]
+    ) -> dict[str, list[str]]: ...
+
+
 class Upkeep:
     """The moderation pipeline's prune hook (`prune`), registered by `Moderation`."""
 
-    def __init__(self, moderation: Moderation) -> None:
+    def __init__(self, moderation: Pipeline) -> None:
         self.moderation = moderation
         self.media = moderation.media
 

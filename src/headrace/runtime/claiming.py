@@ -1,0 +1,132 @@
+"""A worker's claims: work for its free slots (and some ahead of them, runtime/prefetch.py),
+within its cost classes' room and its memory budget, carrying the outcomes waiting to be
+written in the same transaction."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from headrace.policy.errors import StoreUnavailable
+from headrace.runtime.app import App
+from headrace.runtime.completions import Completions
+from headrace.runtime.settings import WorkerSettings
+from headrace.runtime.slots import Slots
+from headrace.store.dispatch import earliest
+from headrace.store.types import ClaimResult, KindLimit, MemoryRoom
+
+
+class Claims:
+    """Claims work into `slots` for the worker `settings` describe."""
+
+    def __init__(self, app: App, settings: WorkerSettings, slots: Slots) -> None:
+        self.app = app
+        self.settings = settings
+        self.slots = slots
+
+    async def fill(self) -> tuple[ClaimResult | None, list[str]]:
+        """Claim for the free slots if the worker may; what was claimed (None: nothing asked)
+        and the kinds the worker has room for now."""
+        kinds = list(self.app.definitions)
+        classes = self.settings.classes
+        completions = self.slots.completions()
+        room = classes.room(self.slots.running_kinds()) if classes else {}
+        if classes:
+            kinds = classes.open_kinds(kinds, room)
+        claimed = None
+        if kinds and self.slots.may_claim():
+            claimed = await self._fill_slots(completions, kinds, room)
+        else:
+            completions.kick()
+        if not self.slots.claim_coming():
+            completions.kick()  # outcomes left waiting that no claim is about to take
+        return claimed, kinds
+
+    async def _fill_slots(
+        self, completions: Completions, kinds: list[str], room: Mapping[str, int]
+    ) -> ClaimResult:
+        slots, classes = self.slots, self.settings.classes
+        free = self.settings.slots - len(slots.running)
+        ahead = slots.prefetch.room(len(slots.queued))
+        within = classes.limits(room) if classes else ()
+        memory = self.settings.memory.room(slots.charges())
+        alone = slots.idle(completions)
+        claimed = await self._claim(
+            completions, free, kinds, within, alone=alone, memory=memory, ahead=ahead
+        )
+        # Every free slot filled (or every free one of a class): more may be ready, to claim
+        # as soon as a slot frees.
+        slots.more = len(claimed.leases) >= free or bool(
+            classes and classes.filled((x.task.kind for x in claimed.leases), room)
+        )
+        if classes and self.settings.borrow and len(claimed.leases) < free:
+            claimed = await self._borrow(completions, free, claimed, room, memory)
+            slots.more = slots.more or len(claimed.leases) >= free
+        slots.prefetch.pace(len(claimed.leases), free, ahead)
+        slots.took(claimed, free)
+        return claimed
+
+    async def _claim(
+        self,
+        completions: Completions,
+        free: int,
+        kinds: list[str],
+        within: Sequence[KindLimit],
+        *,
+        alone: bool,
+        memory: MemoryRoom | None,
+        ahead: int = 0,
+    ) -> ClaimResult:
+        taken = completions.take()
+        self.slots.claiming = True
+        began = asyncio.get_running_loop().time()
+        try:
+            claimed = await self.app.store.claim(
+                self.settings.name,
+                free,
+                lease_for=self.settings.lease_for,
+                kinds=kinds,
+                alone=alone,
+                finished=taken.outcomes,
+                within=within,
+                memory=memory,
+                ahead=ahead,
+            )
+        except Exception as error:  # none of the outcomes was recorded: their writers retry
+            taken.fail(error)
+            raise
+        except BaseException as error:
+            taken.fail(StoreUnavailable(f"claim interrupted ({type(error).__name__})"))
+            raise
+        finally:
+            self.slots.claiming = False
+        self.slots.prefetch.claimed(asyncio.get_running_loop().time() - began)
+        taken.settle(claimed.finished)
+        return claimed
+
+    async def _borrow(
+        self,
+        completions: Completions,
+        free: int,
+        claimed: ClaimResult,
+        room: Mapping[str, int],
+        memory: MemoryRoom | None,
+    ) -> ClaimResult:
+        """A second claim, for classes whose room was full, in the slots other classes left
+        idle (`ClassBudget.lendable`), within the memory the first claim left (`memory` less
+        what it took); `claimed` with its leases added."""
+        assert self.settings.classes is not None
+        lendable = self.settings.classes.lendable((x.task.kind for x in claimed.leases), room)
+        if not lendable:
+            return claimed
+        kinds = sorted({kind for limit in lendable for kind in limit.kinds})
+        left = free - len(claimed.leases)
+        memory = self.settings.memory.after(memory, claimed.leases)
+        more = await self._claim(completions, left, kinds, lendable, alone=False, memory=memory)
+        self.slots.stats.borrowed += len(more.leases)
+        return replace(
+            claimed,
+            leases=(*claimed.leases, *more.leases),
+            wake_at=earliest(claimed.wake_at, more.wake_at),
+        )
