@@ -9,6 +9,7 @@ pip cannot reach the index this test skips, saying so; with CI set, it fails.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from headrace.service import extras
 from tests.e2e.commands import ROOT, environment
 from tests.services import unavailable
 
@@ -119,3 +121,27 @@ def test_serve_on_the_core_names_its_extra_in_one_line(core: Path, tmp_path: Pat
     assert line.startswith("Error: headrace serve needs headrace[service]; "), line
     assert "pip install 'headrace[service]'" in line
     assert not (tmp_path / "s.db").exists()
+
+
+def test_the_demo_runs_with_every_extras_module_blocked(tmp_path: Path) -> None:
+    """The same demo, smaller, in this environment with the extras' modules blocked (a None entry
+    in `sys.modules`): what the test above checks, without the package index."""
+    blocked = list(extras.MODULES["service"])
+    script = (
+        "import sys\n"
+        f"sys.modules.update(dict.fromkeys({blocked!r}))\n"
+        "from headrace.service.cli import main\n"
+        "main(sys.argv[1:], prog_name='headrace')\n"
+    )
+    small = ("--episodes", "1", "--shots", "1", "--low-batch", "0", "--window", "1s")
+    done = subprocess.run(
+        [sys.executable, "-c", script, "demo", "--no-progress", *small],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+        env=environment(),
+    )
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"makespan\s+│\s+\d+\.\d+s", done.stdout), done.stdout
