@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from headrace.policy.errors import ConfigError
 from headrace.runtime.app import App
+from headrace.service import extras
 from headrace.service.failures import WrongInput, use_store
 from headrace.store.sqlite import path_from_url
 from headrace.store.urls import SQLITE_SCHEME
@@ -41,10 +42,7 @@ def load_app(target: str) -> App:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise ConfigError(
-            f"app {target!r}: cannot import {module_name!r} ({error}); check the module name "
-            "and run from the directory that holds it"
-        ) from None
+        raise _cannot_import(target, module_name, error) from None
     if not hasattr(module, attribute):
         raise ConfigError(f"app {target!r}: module {module_name!r} has no attribute {attribute!r}")
     found = getattr(module, attribute)
@@ -55,6 +53,19 @@ def load_app(target: str) -> App:
             f"app {target!r}: {type(found).__name__} is not a headrace App (nor makes one)"
         )
     return found
+
+
+def _cannot_import(target: str, module_name: str, error: ImportError) -> Exception:
+    """Why the app's module cannot be imported: one of headrace's own modules whose extra is not
+    installed says which extra, anything else which module."""
+    missing = error.name if isinstance(error, ModuleNotFoundError) else None
+    extra = extras.extra_of(missing) if missing and module_name.startswith("headrace.") else None
+    if missing and extra:
+        return extras.needs(f"app {target!r}", extra, (missing,))
+    return ConfigError(
+        f"app {target!r}: cannot import {module_name!r} ({error}); check the module name "
+        "and run from the directory that holds it"
+    )
 
 
 def _is_factory(found: object) -> bool:

@@ -5,10 +5,12 @@ Commands that use a store take it the same way (`service/apps.py`): `--db URL` o
 failure is one line on stderr (`service/failures.py`); logging is set up once, here, by
 `service/logs.py`.
 
-The commands that run the shipped pipelines or a server (`demo`, `serve`, `provider-sim`,
-`prune`, `event`) live in `cli_pipelines.py`, imported only when one of them runs (`LazyGroup`):
-a `headrace worker` process starts in a fifth of the time and memory without the web and media
-stacks, which matters most when many start at once.
+The commands that run the shipped pipelines or a server live in modules imported only when one
+of them runs (`LazyGroup`): `demo`, `provider-sim` and `prune` in `cli_pipelines.py`, `demo
+moderation` and `event` in `cli_moderation.py`, `serve` in `cli_serve.py`. A `headrace worker`
+process starts in a fifth of the time and memory without the web and media stacks, which matters
+most when many start at once; and the last two modules need extras (`service/extras.py`), which
+`pip install headrace` does not bring: without them, their commands say which in one line.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from headrace.policy.retention import Retention
 from headrace.runtime.app import App
 from headrace.runtime.memory import DEFAULT_MEMORY, MIB, parse_size
 from headrace.runtime.worker import Worker
-from headrace.service import logs, status, tasks
+from headrace.service import extras, logs, status, tasks
 from headrace.service.api.auth import Role, create_token, revoke_token
 from headrace.service.apps import require_existing, resolve, store_url
 from headrace.service.dlq import dead_letters, letters_table
@@ -119,11 +121,20 @@ def with_retention(app: App, words: tuple[str, ...]) -> App:
 
 class LazyGroup(CommandGroup):
     """A command group some of whose commands are imported when they are first looked up
-    (`lazy`: name -> "module:attribute"), as Click's documentation shows for large CLIs."""
+    (`lazy`: name -> "module:attribute"), as Click's documentation shows for large CLIs. A
+    command of an extra (`extras`: name -> extra) that is not installed is a stand-in that says
+    which extra it needs (`service/extras.py`)."""
 
-    def __init__(self, *args: Any, lazy: dict[str, str], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        lazy: dict[str, str],
+        extras: dict[str, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.lazy = lazy
+        self.extras = extras or {}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.lazy})
@@ -131,6 +142,11 @@ class LazyGroup(CommandGroup):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.lazy:
             return super().get_command(ctx, cmd_name)
+        extra = self.extras.get(cmd_name)
+        lacking = () if extra is None else extras.missing(extra)
+        if extra is not None and lacking:
+            path = f"{ctx.command_path if ctx is not None else self.name} {cmd_name}"
+            return extras.stand_in(cmd_name, path, extra, lacking)
         module, _, attribute = self.lazy[cmd_name].partition(":")
         command = getattr(importlib.import_module(module), attribute)
         if not isinstance(command, click.Command):
@@ -139,17 +155,19 @@ class LazyGroup(CommandGroup):
 
 
 PIPELINES = "headrace.service.cli_pipelines"
+MODERATION = "headrace.service.cli_moderation"
 
 
 @click.group(
     cls=LazyGroup,
     lazy={
         "demo": f"{PIPELINES}:demo",
-        "event": f"{PIPELINES}:event",
+        "event": f"{MODERATION}:event",
         "provider-sim": f"{PIPELINES}:provider_sim",
         "prune": f"{PIPELINES}:prune_command",
-        "serve": f"{PIPELINES}:serve",
+        "serve": "headrace.service.cli_serve:serve",
     },
+    extras={"event": "moderation", "serve": "service"},
 )
 @click.version_option(package_name="headrace", prog_name="headrace")
 @click.option(

@@ -1,13 +1,11 @@
-"""`headrace prune` and `headrace event close`: retention from the command line, each told in a
-few lines (what went, or with `--dry-run` what would go, per kind)."""
+"""`headrace prune`: retention from the command line, told in a few lines (what went, or with
+`--dry-run` what would go, per kind). `headrace event close` is in `cli_moderation.py`."""
 
 from __future__ import annotations
 
 import os
 import socket
 
-from headrace.pipelines.moderation.upkeep import close_event
-from headrace.policy.retention import shown
 from headrace.runtime.app import App
 from headrace.runtime.pruner import Pruner, PruneReport, batches
 from headrace.store.urls import hide_passwords
@@ -33,17 +31,3 @@ def said(report: PruneReport, store: str) -> str:
     width = max((len(label) for label in report.removed), default=0)
     rows = [f"  {label:<{width}}  {count:>9}" for label, count in report.removed.items()]
     return "\n".join([head, *rows])
-
-
-async def close(app: App, event: str, *, by: str) -> str:
-    """Close an event; say what that means for its items."""
-    async with app:
-        applied = await close_event(app.store, event, by=by)
-    if not applied:
-        return f"event {event} was closed already: nothing changed"
-    age = app.retention.closed_events
-    after = "never (closed_events is off)" if age is None else f"{shown(age)} from now"
-    return (
-        f"closed event {event}: it takes no more uploads; its settled items go with their "
-        f"media {after}"
-    )
