@@ -35,9 +35,9 @@ from rich.table import Table
 
 from headrace.policy import ErrorClass, ManualClock
 from headrace.policy.retention import DAY, Retention
-from headrace.store.records import Audit, Notice
+from headrace.store.protocol.records import Audit, Notice
+from headrace.store.protocol.types import AttemptError, Dead, Lease, NewTask, Settings, Succeeded
 from headrace.store.sqlite import SQLiteStore
-from headrace.store.types import AttemptError, Dead, Lease, NewTask, Settings, Succeeded
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "retention.json"
 TABLES = ("tasks", "attempts", "task_deps", "records", "audit", "outbox", "group_rollup")

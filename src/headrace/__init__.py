@@ -39,7 +39,7 @@ from headrace.runtime import (
     Worker,
     consume_bounded,
 )
-from headrace.store.types import GroupReport, TaskRecord, TaskState
+from headrace.store.protocol.types import GroupReport, TaskRecord, TaskState
 
 __all__ = [
     "App",

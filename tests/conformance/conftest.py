@@ -22,9 +22,9 @@ from psycopg import sql
 
 from headrace.policy import GateConfig, ManualClock, Rate
 from headrace.sim.loop import VirtualTimeLoop
-from headrace.store.base import Store
 from headrace.store.memory import MemoryStore
-from headrace.store.types import Settings
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import Settings
 from tests.services import unavailable
 
 BACKENDS = ["memory", "sqlite", "postgres"]

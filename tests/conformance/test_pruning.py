@@ -1,4 +1,4 @@
-"""Retention (store/pruning.py), run against every backend: what goes, what never does, in
+"""Retention (store/protocol/pruning.py), run against every backend: what goes, what never does, in
 batches, the group rollup, and one pruner at a time across store instances."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ import pytest
 
 from headrace.policy import ErrorClass, ManualClock
 from headrace.policy.retention import DAY, Retention
-from headrace.store.base import Store
-from headrace.store.pruning import (
+from headrace.store.protocol.pruning import (
     ATTEMPTS,
     CANCELLED_TASKS,
     DEAD_TASKS,
@@ -20,8 +19,9 @@ from headrace.store.pruning import (
     SUCCEEDED_TASKS,
     UPSTREAM_PRUNED,
 )
-from headrace.store.records import Audit, Notice
-from headrace.store.types import (
+from headrace.store.protocol.records import Audit, Notice
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import (
     AttemptError,
     AwaitRemote,
     Dead,

@@ -8,9 +8,9 @@ from collections.abc import Callable
 import pytest
 
 from headrace.policy import ConfigError, ManualClock, UnknownRecord
-from headrace.store.base import Store
-from headrace.store.records import Age, Audit, Notice
-from headrace.store.types import Settings
+from headrace.store.protocol.records import Age, Audit, Notice
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import Settings
 
 from .conftest import GATES
 

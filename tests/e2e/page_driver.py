@@ -25,7 +25,7 @@ from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import FloatRect, Locator, Page, ViewportSize
 
 from headrace.pipelines.moderation.review import CLAIM
-from headrace.store.base import Store
+from headrace.store.protocol.tasks import Store
 from tests.integration.processes import read
 from tests.services import unavailable
 

@@ -19,9 +19,9 @@ import pytest
 from headrace.pipelines.moderation import samples
 from headrace.pipelines.moderation.pipeline import ITEM
 from headrace.service.api.webhooks import DELIVERY, sign
-from headrace.store.base import Store
-from headrace.store.records import Record
-from headrace.store.types import TaskRecord
+from headrace.store.protocol.records import Record
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import TaskRecord
 from tests.integration.processes import read
 
 from .server import WEBHOOK_SECRET, Server, start, stop

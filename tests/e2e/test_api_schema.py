@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from headrace.store.types import Settings
+from headrace.store.protocol.types import Settings
 from headrace.store.urls import open_store
 from tests.integration.postgres import fresh_schema, reachable
 

@@ -40,9 +40,9 @@ import pytest
 
 from headrace.pipelines.moderation import samples
 from headrace.pipelines.moderation.pipeline import ITEM, ItemState
-from headrace.store.base import Store
-from headrace.store.records import Record
-from headrace.store.types import Attempt, AttemptOutcome, Settings, TaskRecord, TaskState
+from headrace.store.protocol.records import Record
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import Attempt, AttemptOutcome, Settings, TaskRecord, TaskState
 from headrace.store.urls import open_store
 from tests import objectstore
 from tests.integration.postgres import fresh_schema
@@ -509,7 +509,7 @@ ASKING = """
 import asyncio, sys, time
 import psycopg
 from headrace.store.postgres import PostgresStore
-from headrace.store.types import Settings
+from headrace.store.protocol.types import Settings
 
 async def main(url: str) -> None:
     store = PostgresStore.from_url(url)

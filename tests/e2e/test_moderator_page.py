@@ -13,8 +13,8 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from headrace.pipelines.moderation import samples
-from headrace.store.base import Store
-from headrace.store.records import AuditRow, OutboxRow
+from headrace.store.protocol.records import AuditRow, OutboxRow
+from headrace.store.protocol.tasks import Store
 from tests.integration.processes import read
 
 from . import root_network

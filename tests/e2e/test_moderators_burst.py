@@ -28,8 +28,8 @@ from playwright.async_api import ConsoleMessage, Error, Page, async_playwright
 
 from headrace.pipelines.moderation import samples
 from headrace.pipelines.moderation.review import REJECT_REASONS
-from headrace.store.base import Store
-from headrace.store.records import AuditRow, OutboxRow
+from headrace.store.protocol.records import AuditRow, OutboxRow
+from headrace.store.protocol.tasks import Store
 from tests.integration.postgres import fresh_schema, read_store
 from tests.integration.processes import read
 

@@ -15,7 +15,7 @@ from headrace.pipelines.moderation import samples
 from headrace.pipelines.moderation.pipeline import ITEM, Admission
 from headrace.service.api.uploads import SESSION_COOKIE, media_id_for
 from headrace.service.api.webhooks import sign
-from headrace.store.types import TaskState
+from headrace.store.protocol.types import TaskState
 
 from .api import (
     WEBHOOK_SECRET,

@@ -16,7 +16,7 @@ from psycopg.errors import IdleInTransactionSessionTimeout
 from headrace.store.machine import Transaction
 from headrace.store.machine.records import SEQ_LOCK
 from headrace.store.postgres import PostgresStore
-from headrace.store.types import Settings, TaskState
+from headrace.store.protocol.types import Settings, TaskState
 from tests.integration.postgres import fresh_schema
 
 pytestmark = [pytest.mark.anyio, pytest.mark.realtime]

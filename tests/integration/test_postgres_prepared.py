@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from headrace.store import sql
+from headrace.store.machine import sql
 from headrace.store.postgres import QUERIES, PostgresStore
 from headrace.store.postgres.store import PREPARE_THRESHOLD, PREPARED_MAX
-from headrace.store.types import NewTask
+from headrace.store.protocol.types import NewTask
 from tests.integration.postgres import opened_store
 
 pytestmark = pytest.mark.anyio

@@ -22,7 +22,7 @@ from headrace.policy.errors import KeyConflict
 from headrace.store.machine.claim import first_batch
 from headrace.store.memory import MemoryStore
 from headrace.store.postgres import PostgresStore
-from headrace.store.types import NewTask, Settings, Sibling, Succeeded, TaskState
+from headrace.store.protocol.types import NewTask, Settings, Sibling, Succeeded, TaskState
 from tests.integration.postgres import fresh_schema
 
 pytestmark = pytest.mark.anyio

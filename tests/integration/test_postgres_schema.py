@@ -17,9 +17,9 @@ from psycopg.rows import DictRow, dict_row
 
 from headrace.policy import ConfigError, StoreError
 from headrace.policy.errors import KeyConflict, SchemaTooNew, StoreUnavailable
-from headrace.store import sql
+from headrace.store.machine import sql
 from headrace.store.postgres import MIGRATIONS, QUERIES, PostgresStore, migrate, split_url
-from headrace.store.types import AttemptOutcome, NewTask, Settings, TaskState
+from headrace.store.protocol.types import AttemptOutcome, NewTask, Settings, TaskState
 from headrace.store.urls import open_store
 from tests.conformance.conftest import drop_schemas, postgres_reachable
 
@@ -127,7 +127,7 @@ async def apply_declared(conn: Connection, schema: str) -> None:
     async with conn.transaction():
         await conn.execute(pgsql.SQL("CREATE SCHEMA {}").format(pgsql.Identifier(schema)))
         await conn.execute("SELECT set_config('search_path', quote_ident(%s), true)", [schema])
-        script = sql.read_text("postgres/schema.sql")
+        script = sql.read_text("postgres/sql/schema.sql")
         for statement in sql.split_statements(script, dialect="postgres"):
             await conn.execute(statement)
 

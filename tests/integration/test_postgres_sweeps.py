@@ -14,7 +14,7 @@ from headrace.policy.clock import ManualClock
 from headrace.policy.tiers import Tier
 from headrace.store.machine import FOLD_EVERY, SWEEP_EVERY, Transaction
 from headrace.store.postgres import PostgresStore
-from headrace.store.types import NewTask, Settings, TaskState
+from headrace.store.protocol.types import NewTask, Settings, TaskState
 from tests.integration.postgres import opened_store
 
 pytestmark = pytest.mark.anyio

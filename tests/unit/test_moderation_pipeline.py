@@ -27,7 +27,7 @@ from headrace.pipelines.moderation.probe import CORRUPT, DECODER_BASE, MediaClas
 from headrace.pipelines.moderation.scan import EICAR_NAME, BuiltinScanner
 from headrace.policy import ConfigError
 from headrace.policy.errors import QueueFull
-from headrace.store.types import TaskState
+from headrace.store.protocol.types import TaskState
 
 pytestmark = pytest.mark.anyio
 

@@ -33,7 +33,7 @@ from headrace.pipelines.moderation.upkeep import (
 from headrace.policy import ConfigError
 from headrace.policy.retention import DAY, Retention
 from headrace.runtime.pruner import Pruner
-from headrace.store.records import Record
+from headrace.store.protocol.records import Record
 
 pytestmark = pytest.mark.anyio
 

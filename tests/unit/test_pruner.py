@@ -13,7 +13,7 @@ import headrace as hr
 from headrace.policy.errors import PrunerBusy
 from headrace.policy.retention import DAY, Retention
 from headrace.runtime.pruner import Pruner, PruneRun
-from headrace.store.pruning import SUCCEEDED_TASKS
+from headrace.store.protocol.pruning import SUCCEEDED_TASKS
 
 pytestmark = pytest.mark.anyio
 

@@ -23,8 +23,15 @@ from headrace.policy.tiers import Tier
 from headrace.runtime.classes import check_class_name
 from headrace.runtime.context import Context
 from headrace.runtime.results import Pending, RemoteWait, Result
-from headrace.store.base import Store
-from headrace.store.types import NewTask, Settings, Sibling, StageLimits, Submitted, check_text
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import (
+    NewTask,
+    Settings,
+    Sibling,
+    StageLimits,
+    Submitted,
+    check_text,
+)
 from headrace.store.urls import open_store
 
 if TYPE_CHECKING:

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 from headrace.policy.errors import ConfigError, Fatal, RemoteFailed, TaskFailure, Transient
 from headrace.runtime.calls import call
 from headrace.runtime.results import Pending, Result
-from headrace.store.base import Store
-from headrace.store.types import Outcome, PollAgain, Succeeded
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import Outcome, PollAgain, Succeeded
 
 if TYPE_CHECKING:
     from headrace.runtime.app import TaskDefinition

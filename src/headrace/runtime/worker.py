@@ -48,8 +48,8 @@ from headrace.runtime.prefetch import Prefetch
 from headrace.runtime.progress import DEFAULT_EVERY, Progress
 from headrace.runtime.pruner import Pruner
 from headrace.runtime.results import RemoteWait, Result
-from headrace.store.dispatch import earliest
-from headrace.store.types import (
+from headrace.store.machine.dispatch import earliest
+from headrace.store.protocol.types import (
     ACTIVE,
     AttemptError,
     AwaitRemote,

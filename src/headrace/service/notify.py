@@ -20,10 +20,10 @@ import time
 import httpx
 
 from headrace.policy.errors import ConfigError, StoreUnavailable
+from headrace.policy.redact import hide_passwords
 from headrace.service.api.webhooks import sign
-from headrace.store.base import Store
-from headrace.store.records import OutboxRow
-from headrace.store.urls import hide_passwords
+from headrace.store.protocol.records import OutboxRow
+from headrace.store.protocol.tasks import Store
 
 log = logging.getLogger("headrace.notify")
 

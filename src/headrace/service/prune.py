@@ -7,10 +7,10 @@ import os
 import socket
 
 from headrace.pipelines.moderation.upkeep import close_event
+from headrace.policy.redact import hide_passwords
 from headrace.policy.retention import shown
 from headrace.runtime.app import App
 from headrace.runtime.pruner import Pruner, PruneReport, batches
-from headrace.store.urls import hide_passwords
 
 
 def holder() -> str:

@@ -1,4 +1,5 @@
-"""The memory store's retention (store/pruning.py), with the semantics of the SQL stores' named
+"""The memory store's retention (store/protocol/pruning.py), with the semantics of the SQL stores'
+named
 statements (`prunable_tasks` and the rest): the conformance suite holds them to one. Mixed into
 `MemoryStore`, whose task table and indexes it reads and trims."""
 
@@ -9,9 +10,9 @@ from collections.abc import Collection
 from dataclasses import replace
 
 from headrace.policy.retention import Retention
-from headrace.store import pruning
 from headrace.store.memory_records import MemoryRecords
-from headrace.store.pruning import (
+from headrace.store.protocol import pruning
+from headrace.store.protocol.pruning import (
     ATTEMPTS,
     UPSTREAM_PRUNED,
     Batch,
@@ -22,7 +23,7 @@ from headrace.store.pruning import (
     RecordPlan,
     TaskPlan,
 )
-from headrace.store.types import (
+from headrace.store.protocol.types import (
     ACTIVE,
     UPSTREAM_FAILED,
     Attempt,

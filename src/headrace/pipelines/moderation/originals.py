@@ -35,7 +35,7 @@ from headrace.pipelines.moderation.media import (
 )
 from headrace.pipelines.moderation.media.store import blob_key
 from headrace.policy.errors import ConfigError, TaskFailure
-from headrace.store.urls import hide_passwords
+from headrace.policy.redact import hide_passwords
 
 ITEM = "item"  # the kind of an item's record (pipeline.ITEM)
 # The states of an item some stage still has to read its original for.

@@ -23,12 +23,12 @@ bound in all and per session, so one contributor cannot fill a stage for everyon
 feeds the next: while scan is full, validation waits; while derive is full, scanning does. An
 item waiting in a stage is *queued*, one whose task runs is *processing* (`Moderation.phase`).
 
-Each item's record (kind `item` in the app's store, scoped to its event: `store/records.py`)
-says what a moderator sees: its state, class and format, the reason of an automatic flag, where
-its derivatives are. A moderator's decision commits with its audit row and the notice it owes
-(the outbox), in one transaction. Stage handlers are plain functions (CPU work runs off the event
-loop) and safe to run again: a record's keys are set, not added to, and derivatives are made
-once per (media id, stage version).
+Each item's record (kind `item` in the app's store, scoped to its event:
+`store/protocol/records.py`) says what a moderator sees: its state, class and format, the reason of
+an automatic flag, where its derivatives are. A moderator's decision commits with its audit row and
+the notice it owes (the outbox), in one transaction. Stage handlers are plain functions (CPU work
+runs off the event loop) and safe to run again: a record's keys are set, not added to, and
+derivatives are made once per (media id, stage version).
 
 Decoding (validation's full decode, the derivatives) runs in a child process per item with a
 memory limit and a timeout (`isolate`); the estimate of its memory (`Item.memory`, bytes) is
@@ -90,8 +90,8 @@ from headrace.pipelines.moderation.trailing import TRAILING_DATA
 from headrace.policy.errors import ConfigError, HeadraceError, QueueFull
 from headrace.policy.text import check_text
 from headrace.runtime.calls import off_loop
-from headrace.store.records import Audit, AuditRow, Record
-from headrace.store.types import TaskState
+from headrace.store.protocol.records import Audit, AuditRow, Record
+from headrace.store.protocol.types import TaskState
 
 if TYPE_CHECKING:
     from headrace.pipelines.moderation.review import ReviewRules
@@ -199,7 +199,7 @@ class Item:
     decision_reason: str | None = None  # why it was rejected: a code of `review.REJECT_REASONS`
     reopened_by: str | None = None  # the moderator whose undo made it reviewable again
     uploaded_at: float = 0.0  # when its record was made, by the store's clock
-    seq: int = 0  # the order of its last change of state (`store/records.py`)
+    seq: int = 0  # the order of its last change of state (`store/protocol/records.py`)
 
     def body(self) -> dict[str, object]:
         """What its record keeps besides its id, event and state."""

@@ -3,7 +3,7 @@ admin's change of a decision.
 
 A claim says who is looking at an item now. It is a record (kind `claim`, id the media id, scope
 the event) whose state names its holder (`held:<moderator>`) or says it is `free`, changed with
-the same compare-and-set and audit rows as the items' own records (`store/records.py`):
+the same compare-and-set and audit rows as the items' own records (`store/protocol/records.py`):
 
 - taking a free item, or renewing one's own claim, is a change from `free` or `held:<me>`;
 - a claim its holder has not renewed for the TTL (`ReviewRules.claim_ttl`, 5 minutes) has
@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Literal
 from headrace.pipelines.moderation.media import check_media_id
 from headrace.pipelines.moderation.pipeline import ITEM, Item, ItemState, Reviewed, check_label
 from headrace.policy.errors import ConfigError, UnknownRecord
-from headrace.store.base import Store
-from headrace.store.records import Age, Audit, Changed, Notice, Record
+from headrace.store.protocol.records import Age, Audit, Changed, Notice, Record
+from headrace.store.protocol.tasks import Store
 
 if TYPE_CHECKING:
     from headrace.pipelines.moderation.pipeline import Moderation

@@ -45,8 +45,8 @@ from headrace.pipelines.moderation.pipeline import (
 )
 from headrace.policy.errors import QueueFull
 from headrace.runtime.pruner import PruneRun
-from headrace.store.base import Store
-from headrace.store.records import Audit, Record
+from headrace.store.protocol.records import Audit, Record
+from headrace.store.protocol.tasks import Store
 
 log = logging.getLogger("headrace.pruner")
 

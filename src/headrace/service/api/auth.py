@@ -21,8 +21,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from headrace.policy.errors import ConfigError
-from headrace.store.base import Store
-from headrace.store.records import Audit, check_name
+from headrace.store.protocol.records import Audit, check_name
+from headrace.store.protocol.tasks import Store
 
 TOKEN = "token"  # the record kind of a bearer token
 LOGIN = "login"  # the record kind of a page sign-in

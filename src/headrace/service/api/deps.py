@@ -33,8 +33,8 @@ from headrace.policy.errors import ConfigError
 from headrace.policy.text import text_problem
 from headrace.service.api import auth, metrics
 from headrace.service.api.auth import Principal, Role
-from headrace.store.base import Store
-from headrace.store.records import Audit
+from headrace.store.protocol.records import Audit
+from headrace.store.protocol.tasks import Store
 
 LOGIN_COOKIE = "headrace_login"
 Delivery = Literal["redirect", "stream"]

@@ -13,8 +13,9 @@ from headrace.policy.errors import (
     StoreError,
 )
 from headrace.policy.tiers import AGING_CEILING, Tier, aged_tier
-from headrace.store import bounds as stage_bounds
-from headrace.store.dispatch import (
+from headrace.store.machine import bounds as stage_bounds
+from headrace.store.machine.core import AGING_SLACK, CLAIM_BATCH, Pending
+from headrace.store.machine.dispatch import (
     GateBook,
     KindBudget,
     MemoryBudget,
@@ -24,16 +25,15 @@ from headrace.store.dispatch import (
     takes,
     waits_for_alone,
 )
-from headrace.store.machine.core import AGING_SLACK, CLAIM_BATCH, Pending
 from headrace.store.machine.outcomes import Outcomes
-from headrace.store.rows import (
+from headrace.store.machine.rows import (
     Candidate,
     candidates_of,
     positions,
     task_of,
     tasks_of,
 )
-from headrace.store.types import (
+from headrace.store.protocol.types import (
     ClaimResult,
     KindLimit,
     Lease,
@@ -149,7 +149,7 @@ class Claiming(Outcomes):
 
     async def backpressure(self) -> list[KindLimit]:
         """How many tasks the stages feeding a bounded stage may start in this claim: its room
-        now, less what their running tasks may still add (store/bounds.py). Read before the
+        now, less what their running tasks may still add (store/machine/bounds.py). Read before the
         claim's batches, with no lock: two claims that read the same room may together start
         more than it, and the successors that then do not fit defer their task (`defer`)."""
         counted = stage_bounds.counted_kinds(self.settings.stages)

@@ -17,15 +17,15 @@ from headrace.policy.errors import (
     UnknownTask,
 )
 from headrace.policy.gate import GateConfig, GateState
-from headrace.store import bounds as stage_bounds
-from headrace.store.dispatch import KindBudget, MemoryBudget
-from headrace.store.rows import (
+from headrace.store.machine import bounds as stage_bounds
+from headrace.store.machine.dispatch import KindBudget, MemoryBudget
+from headrace.store.machine.rows import (
     Row,
     gate_params,
     gate_state_of,
     task_of,
 )
-from headrace.store.types import (
+from headrace.store.protocol.types import (
     Settings,
     TaskRecord,
 )

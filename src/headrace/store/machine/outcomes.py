@@ -19,15 +19,15 @@ from headrace.policy.errors import (
 )
 from headrace.policy.gate import GateConfig
 from headrace.policy.poison import Expiry
-from headrace.store import idempotency
-from headrace.store.ages import ready_since
-from headrace.store.machine.submit import Submission
-from headrace.store.rows import (
+from headrace.store.machine import idempotency
+from headrace.store.machine.rows import (
     holds,
     task_of,
     tasks_of,
 )
-from headrace.store.types import (
+from headrace.store.machine.submit import Submission
+from headrace.store.protocol.ages import ready_since
+from headrace.store.protocol.types import (
     DEFER_DELAY,
     LEASE_EXPIRED,
     POISON,

@@ -1,4 +1,5 @@
-"""The pruner's steps (store/pruning.py): one batch of a plan, the group rollup it feeds, the
+"""The pruner's steps (store/protocol/pruning.py): one batch of a plan, the group rollup it feeds,
+the
 records a pipeline deletes, and the pruner's lease.
 
 A batch reads its candidates (the plan's statement says which rows nothing needs any more),
@@ -13,7 +14,8 @@ from collections import Counter
 from collections.abc import Collection, Sequence
 
 from headrace.store.machine.core import Steps
-from headrace.store.pruning import (
+from headrace.store.machine.rows import Row
+from headrace.store.protocol.pruning import (
     ATTEMPTS,
     AuditPlan,
     Batch,
@@ -24,8 +26,7 @@ from headrace.store.pruning import (
     RecordPlan,
     TaskPlan,
 )
-from headrace.store.rows import Row
-from headrace.store.types import TaskState
+from headrace.store.protocol.types import TaskState
 
 
 class PruneSteps(Steps):

@@ -1,4 +1,5 @@
-"""Records, their audit rows and the outbox (`store/records.py`) as transaction steps: a change
+"""Records, their audit rows and the outbox (`store/protocol/records.py`) as transaction steps: a
+change
 locks its record, decides (`records.decide`), and writes the record, the audit row and the
 notice it owes together."""
 
@@ -9,7 +10,8 @@ from typing import Any
 
 from headrace.policy.errors import UnknownRecord
 from headrace.store.machine.core import Steps
-from headrace.store.records import (
+from headrace.store.machine.rows import Row
+from headrace.store.protocol.records import (
     Age,
     Audit,
     AuditRow,
@@ -21,7 +23,6 @@ from headrace.store.records import (
     dump,
     load,
 )
-from headrace.store.rows import Row
 
 # Held from numbering a transaction's records to its commit, so that seqs commit in the order
 # they are taken: a reader that sees a record's seq has seen every smaller one that will ever be

@@ -14,16 +14,16 @@ from headrace.policy.errors import (
     UnknownTask,
 )
 from headrace.policy.gate import GateConfig
-from headrace.store import bounds as stage_bounds
-from headrace.store import idempotency
-from headrace.store.ages import ready_since
-from headrace.store.dispatch import gate_key
+from headrace.store.machine import bounds as stage_bounds
+from headrace.store.machine import idempotency
 from headrace.store.machine.core import Json
-from headrace.store.machine.tickets import Tickets
-from headrace.store.rows import (
+from headrace.store.machine.dispatch import gate_key
+from headrace.store.machine.rows import (
     Row,
 )
-from headrace.store.types import (
+from headrace.store.machine.tickets import Tickets
+from headrace.store.protocol.ages import ready_since
+from headrace.store.protocol.types import (
     UPSTREAM_FAILED,
     NewTask,
     Sibling,
@@ -41,7 +41,7 @@ class Planned:
     task: NewTask
     unmet: list[int]
     failed: bool  # a dependency is already dead or cancelled
-    payload_digest: str | None  # kept with a keyed task (store/idempotency.py)
+    payload_digest: str | None  # kept with a keyed task (store/machine/idempotency.py)
     tag: float = 0.0
 
 

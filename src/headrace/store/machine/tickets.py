@@ -12,12 +12,12 @@ from headrace.policy.errors import (
 )
 from headrace.policy.gate import GateState
 from headrace.store.machine.core import Steps
-from headrace.store.rows import (
+from headrace.store.machine.rows import (
     Row,
     holds,
     task_of,
 )
-from headrace.store.types import (
+from headrace.store.protocol.types import (
     UPSTREAM_FAILED,
     AttemptError,
     AttemptOutcome,

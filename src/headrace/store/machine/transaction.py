@@ -21,19 +21,19 @@ from __future__ import annotations
 
 from headrace.policy import gate as gating
 from headrace.policy.gate import GateConfig, GateStatistics
-from headrace.store.ages import ReadyAges, age
 from headrace.store.machine.claim import Claiming
 from headrace.store.machine.core import Pending
 from headrace.store.machine.pruning import PruneSteps
 from headrace.store.machine.records import RecordSteps
-from headrace.store.rows import (
+from headrace.store.machine.rows import (
     attempt_of,
     counts_by_state,
     gate_state_of,
     stage_of,
     task_of,
 )
-from headrace.store.types import (
+from headrace.store.protocol.ages import ReadyAges, age
+from headrace.store.protocol.types import (
     Attempt,
     AttemptOutcome,
     Failure,

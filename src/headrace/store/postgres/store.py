@@ -28,8 +28,8 @@ lives in tables, so a gate's cap and rate, fair tags and leases hold across ever
 
 A connection lost before the commit runs the verb again on another connection; a server that
 cannot be reached, or a loss during the commit, comes out as `StoreUnavailable`; other driver
-errors as `StoreError`. The statements are named in `store/sql/postgres/queries.sql`; the schema
-is the versioned migrations in `store/sql/postgres/migrations/`, applied by `open()` (or
+errors as `StoreError`. The statements are named in `store/postgres/sql/queries.sql`; the schema
+is the versioned migrations in `store/postgres/sql/migrations/`, applied by `open()` (or
 `headrace db upgrade`) under an advisory lock, in the store's own PostgreSQL schema.
 """
 
@@ -53,15 +53,16 @@ from headrace.policy import fairness
 from headrace.policy.clock import Clock
 from headrace.policy.errors import ConfigError, HeadraceError, StoreError
 from headrace.policy.gate import GateConfig
-from headrace.store import sql
 from headrace.store.machine import (
     Claimed,
     SweepDue,
     Sweeps,
     Transaction,
     check_gates,
+    sql,
     task_row,
 )
+from headrace.store.machine.verbs import PruneVerbs, RecordVerbs, TransactionVerbs, kinds_list
 from headrace.store.postgres.connection import (
     GONE_AFTER,
     PROBE_IDLE,
@@ -88,7 +89,7 @@ from headrace.store.postgres.connection import (
     without_password,
 )
 from headrace.store.postgres.listen import Listener
-from headrace.store.types import (
+from headrace.store.protocol.types import (
     ClaimResult,
     KindLimit,
     Lease,
@@ -99,7 +100,6 @@ from headrace.store.types import (
     Submitted,
     Succeeded,
 )
-from headrace.store.verbs import PruneVerbs, RecordVerbs, TransactionVerbs, kinds_list
 
 T = TypeVar("T")
 

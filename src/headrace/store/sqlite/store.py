@@ -8,8 +8,8 @@ rate hold across all of them. Writers queue for that lock through the write turn
 to the wall clock (epoch seconds), which every process on the host shares.
 
 The connection lives on one worker thread and each verb runs there whole, so the event loop never
-waits on the database. The statements are named in `store/sql/sqlite/queries.sql`; the schema is
-the versioned migrations in `store/sql/sqlite/migrations/`, applied by `open()`.
+waits on the database. The statements are named in `store/sqlite/sql/queries.sql`; the schema is
+the versioned migrations in `store/sqlite/sql/migrations/`, applied by `open()`.
 """
 
 from __future__ import annotations
@@ -31,8 +31,16 @@ from typing import TypeVar
 from headrace.policy.clock import Clock, WallClock
 from headrace.policy.errors import ConfigError, HeadraceError, StoreError
 from headrace.policy.gate import GateConfig
-from headrace.store import sql
-from headrace.store.machine import Claimed, LeasedRows, Sweeps, Transaction
+from headrace.store.machine import Claimed, LeasedRows, Sweeps, Transaction, sql
+from headrace.store.machine.verbs import PruneVerbs, RecordVerbs, TransactionVerbs, kinds_list
+from headrace.store.protocol.types import (
+    ClaimResult,
+    KindLimit,
+    Lease,
+    MemoryRoom,
+    Outcome,
+    Settings,
+)
 from headrace.store.sqlite import handoff
 from headrace.store.sqlite.checkpoint import Checkpointer
 from headrace.store.sqlite.connection import (
@@ -50,8 +58,6 @@ from headrace.store.sqlite.connection import (
 )
 from headrace.store.sqlite.turn import WriteTurn
 from headrace.store.sqlite.wake import WakeChannel
-from headrace.store.types import ClaimResult, KindLimit, Lease, MemoryRoom, Outcome, Settings
-from headrace.store.verbs import PruneVerbs, RecordVerbs, TransactionVerbs, kinds_list
 
 T = TypeVar("T")
 

@@ -12,10 +12,10 @@ from typing import Any, Protocol
 from headrace.policy.errors import HeadraceError
 from headrace.policy.gate import GateStatistics
 from headrace.policy.retention import Retention
-from headrace.store.ages import AGE_SAMPLE, ReadyAges
-from headrace.store.pruning import Pruned, PrunerState
-from headrace.store.records import Age, Audit, AuditRow, Changed, Notice, OutboxRow, Record
-from headrace.store.types import (
+from headrace.store.protocol.ages import AGE_SAMPLE, ReadyAges
+from headrace.store.protocol.pruning import Pruned, PrunerState
+from headrace.store.protocol.records import Age, Audit, AuditRow, Changed, Notice, OutboxRow, Record
+from headrace.store.protocol.types import (
     Attempt,
     AttemptOutcome,
     ClaimResult,
@@ -55,8 +55,8 @@ class Store(Protocol):
         self, tasks: Sequence[NewTask], *, bounds: Mapping[str, int] | None = None
     ) -> list[Submitted]:
         """Create tasks (all or none). A known `key` returns the existing task when the payload
-        is the same (store/idempotency.py), and refuses the batch with KeyConflict when it is
-        not. With `bounds`, raise QueueFull when a kind would have more than its bound of tasks
+        is the same (store/machine/idempotency.py), and refuses the batch with KeyConflict when it
+        is not. With `bounds`, raise QueueFull when a kind would have more than its bound of tasks
         pending or ready."""
         ...
 
@@ -192,7 +192,7 @@ class Store(Protocol):
     ) -> dict[str, ReadyAges]:
         """Per kind with ready tasks (of these kinds only when `kinds` is given): how many, and
         the ages (as `stages` reckons them) of its `sample` oldest and `sample` newest ready
-        tasks (store/ages.py)."""
+        tasks (store/protocol/ages.py)."""
         ...
 
     async def attempt_counts(self) -> dict[AttemptOutcome, int]:
@@ -211,7 +211,7 @@ class Store(Protocol):
 
     async def gate_statistics(self) -> list[GateStatistics]: ...
 
-    # -- records, the audit log and the outbox (store/records.py)
+    # -- records, the audit log and the outbox (store/protocol/records.py)
 
     async def put_record(
         self,
@@ -302,7 +302,7 @@ class Store(Protocol):
         given; never the newest record, whose seq the next one counts on from); how many."""
         ...
 
-    # -- retention (store/pruning.py)
+    # -- retention (store/protocol/pruning.py)
 
     async def prune(self, retention: Retention, *, dry_run: bool = False) -> Pruned:
         """Remove what `retention` says is old enough and nothing needs, in batches of

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from headrace.policy.retention import Retention
-from headrace.store.types import TaskState
+from headrace.store.protocol.types import TaskState
 
 UPSTREAM_PRUNED = "upstream_pruned"  # cancelled for a task since pruned: no longer restorable
 

@@ -12,11 +12,11 @@ from typing import Any, Protocol, TypeVar
 from headrace.policy.errors import HeadraceError
 from headrace.policy.gate import GateStatistics
 from headrace.policy.retention import Retention
-from headrace.store import pruning
-from headrace.store.ages import AGE_SAMPLE, ReadyAges
 from headrace.store.machine import Transaction
-from headrace.store.pruning import Batch, Mark, Pruned, PrunerState
-from headrace.store.records import (
+from headrace.store.protocol import pruning
+from headrace.store.protocol.ages import AGE_SAMPLE, ReadyAges
+from headrace.store.protocol.pruning import Batch, Mark, Pruned, PrunerState
+from headrace.store.protocol.records import (
     Age,
     Audit,
     AuditRow,
@@ -32,7 +32,7 @@ from headrace.store.records import (
     dump,
     load,
 )
-from headrace.store.types import (
+from headrace.store.protocol.types import (
     Attempt,
     AttemptOutcome,
     ClaimResult,
@@ -175,7 +175,8 @@ class TransactionVerbs:
 
 
 class RecordVerbs:
-    """The record verbs (`store/records.py`) of a store that `Transacts`, checked at the edge."""
+    """The record verbs (`store/protocol/records.py`) of a store that `Transacts`, checked at the
+    edge."""
 
     async def put_record(
         self: Transacts,
@@ -272,7 +273,7 @@ class RecordVerbs:
 
 
 class PruneVerbs:
-    """Retention (store/pruning.py) for a store that `Transacts`: a run is a batch per
+    """Retention (store/protocol/pruning.py) for a store that `Transacts`: a run is a batch per
     transaction; a dry run reads the same candidates and writes nothing."""
 
     async def prune(self: Transacts, retention: Retention, *, dry_run: bool = False) -> Pruned:
