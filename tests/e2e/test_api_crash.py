@@ -137,8 +137,8 @@ async def drive(run: Run, tmp_path: Path, port: int) -> int:
 
 async def everything(store: Store) -> tuple[list[TaskRecord], list[Record], list[Record]]:
     tasks = await store.tasks(limit=100_000)
-    items = await store.list_records(ITEM, limit=10_000)
-    deliveries = await store.list_records(DELIVERY, limit=10_000)
+    items = await store.records.list_records(ITEM, limit=10_000)
+    deliveries = await store.records.list_records(DELIVERY, limit=10_000)
     return tasks, items, deliveries
 
 

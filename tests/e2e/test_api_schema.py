@@ -91,6 +91,6 @@ async def deliveries(url: str) -> int:
     store = open_store(url)
     await store.open(Settings())
     try:
-        return len(await store.list_records("delivery"))
+        return len(await store.records.list_records("delivery"))
     finally:
         await store.close()

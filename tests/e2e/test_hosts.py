@@ -314,7 +314,7 @@ async def until_settled(store: Store, burst: Burst) -> None:
     enough for the mended host to renew (and learn it lost its leases)."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        items = {r.id: r for r in await store.list_records(ITEM, limit=10_000)}
+        items = {r.id: r for r in await store.records.list_records(ITEM, limit=10_000)}
         settled = all(
             media_id in items and ItemState(items[media_id].state).settled
             for media_id in burst.acknowledged.values()
@@ -337,7 +337,7 @@ def read_everything(url: str) -> tuple[list[TaskRecord], list[Attempt], dict[str
         try:
             tasks = await store.tasks(limit=100_000)
             attempts = [a for task in tasks for a in await store.attempts(task.id)]
-            items = {r.id: r for r in await store.list_records(ITEM, limit=10_000)}
+            items = {r.id: r for r in await store.records.list_records(ITEM, limit=10_000)}
             return tasks, attempts, items
         finally:
             await store.close()

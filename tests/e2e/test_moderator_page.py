@@ -137,7 +137,9 @@ def test_two_moderators_approving_one_item_at_once_converge(server: Server) -> N
 
 
 async def trail(store: Store, media_id: str) -> tuple[list[AuditRow], list[OutboxRow]]:
-    return await store.audit_log(record_id=media_id), await store.outbox(pending=False)
+    return await store.records.audit_log(record_id=media_id), await store.records.outbox(
+        pending=False
+    )
 
 
 def item_states(server: Server, ids: list[str]) -> dict[str, str]:

@@ -290,7 +290,9 @@ def overlapping_holds(claims: list[AuditRow], decisions: list[AuditRow]) -> int:
 
 
 async def trail(store: Store) -> tuple[list[AuditRow], list[OutboxRow]]:
-    return await store.audit_log(limit=10_000), await store.outbox(pending=False, limit=10_000)
+    return await store.records.audit_log(limit=10_000), await store.records.outbox(
+        pending=False, limit=10_000
+    )
 
 
 @pytest.mark.timeout(600)

@@ -73,7 +73,9 @@ async def test_a_session_gone_quiet_holding_the_record_lock_is_ended(url: str) -
             await quiet.execute("BEGIN")
             await quiet.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [SEQ_LOCK])
             started = time.monotonic()
-            made = await asyncio.wait_for(here.put_record("item", "a", scope="s", state="new"), 10)
+            made = await asyncio.wait_for(
+                here.records.put_record("item", "a", scope="s", state="new"), 10
+            )
             waited = time.monotonic() - started
             with pytest.raises(IdleInTransactionSessionTimeout):
                 await quiet.execute("SELECT 1")  # the link is back: the session is gone
@@ -92,7 +94,9 @@ async def test_without_a_limit_the_quiet_session_holds_the_others_up(url: str) -
         async with cut._require_pool().connection() as quiet:
             async with quiet.transaction():
                 await quiet.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [SEQ_LOCK])
-                write = asyncio.create_task(here.put_record("item", "a", scope="s", state="new"))
+                write = asyncio.create_task(
+                    here.records.put_record("item", "a", scope="s", state="new")
+                )
                 await asyncio.sleep(QUIET_FOR)
                 assert not write.done()
             made = await asyncio.wait_for(write, 10)

@@ -68,11 +68,11 @@ class OutboxRelay:
         """Send every pending notification once, in order; whether one was not acknowledged
         (the rest wait behind it, so a receiver sees them in the order written)."""
         while True:
-            pending = await store.outbox(pending=True, limit=BATCH)
+            pending = await store.records.outbox(pending=True, limit=BATCH)
             for notice in pending:
                 if not await self.send(client, notice):
                     return True
-                await store.mark_delivered([notice.id])
+                await store.records.mark_delivered([notice.id])
                 self.sent += 1
             if len(pending) < BATCH:
                 return False

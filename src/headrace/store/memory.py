@@ -45,6 +45,7 @@ from headrace.store.machine.dispatch import (
 )
 from headrace.store.memory_pruning import MemoryPruning
 from headrace.store.protocol.ages import AGE_SAMPLE, ReadyAges, age, ready_since
+from headrace.store.protocol.records import RecordStore
 from headrace.store.protocol.types import (
     ACTIVE,
     CANCELLED,
@@ -83,6 +84,7 @@ class MemoryStore(MemoryPruning):
         super().__init__()
         self.clock = clock or LoopClock()
         self.settings = Settings()
+        self.records: RecordStore = self  # its record verbs are its own
         self._configs: dict[str, GateConfig] = {}
         self._tasks: dict[int, TaskRecord] = {}
         self._ids = itertools.count(1)

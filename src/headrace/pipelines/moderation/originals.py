@@ -90,7 +90,7 @@ class Originals:
         """The digests of the oldest items waiting for a stage (`SAMPLE` per state)."""
         digests: list[str] = []
         for state in WAITING:
-            found = await self.app.store.list_records(ITEM, state=state, limit=SAMPLE)
+            found = await self.app.store.records.list_records(ITEM, state=state, limit=SAMPLE)
             digests.extend(str(record.body["digest"]) for record in found)
         return list(dict.fromkeys(digests))
 

@@ -194,7 +194,7 @@ class Review:
     async def _put_claim(self, item: Item, by: str) -> Changed:
         """A claim record held by `by`, made unless the item has one (then that one, unchanged)."""
         audit = Audit("claim.taken", by)
-        return await self.store.put_record(
+        return await self.store.records.put_record(
             CLAIM, item.media_id, scope=item.event, state=HELD + by, audit=audit
         )
 
@@ -210,7 +210,7 @@ class Review:
             when, age = {FREE, HELD + by}, None
         elif found.live(now):
             outcome = f"unchanged: {record.state}"
-            await self.store.write_audit(
+            await self.store.records.write_audit(
                 CLAIM, item.media_id, scope=item.event, audit=audit, outcome=outcome
             )
             raise ClaimedByOther(found)
@@ -218,7 +218,7 @@ class Review:
             when, age = {record.state}, Age(at_least=self.rules.claim_ttl)
         renewals = int(record.body.get("renewals", 0)) + renewing
         try:
-            return await self.store.change_record(
+            return await self.store.records.change_record(
                 CLAIM,
                 item.media_id,
                 state=HELD + by,
@@ -243,7 +243,7 @@ class Review:
         """Give a claim back (`by` its holder, or any claim by an admin, with a reason);
         whether it was held and is now free."""
         check_label(by, "by")
-        found = await self.store.get_record(CLAIM, check_media_id(media_id))
+        found = await self.store.records.get_record(CLAIM, check_media_id(media_id))
         if found is None or found.state == FREE:
             return False
         if admin:
@@ -256,7 +256,7 @@ class Review:
             audit = Audit("claim.released", by)
             when = {HELD + by}
         try:
-            changed = await self.store.change_record(
+            changed = await self.store.records.change_record(
                 CLAIM, found.id, state=FREE, when=when, audit=audit
             )
         except UnknownRecord:  # its item was decided meanwhile: the claim went with it
@@ -270,7 +270,7 @@ class Review:
         mine: list[Record] = []
         after = 0
         while True:  # read them all first: a claim given back moves past the cursor
-            page = await self.store.list_records(CLAIM, state=held, after=after, limit=PAGE)
+            page = await self.store.records.list_records(CLAIM, state=held, after=after, limit=PAGE)
             mine.extend(page)
             if len(page) < PAGE:
                 break
@@ -279,7 +279,7 @@ class Review:
         released = 0
         for record in mine:
             with contextlib.suppress(UnknownRecord):  # decided meanwhile: the claim went
-                changed = await self.store.change_record(
+                changed = await self.store.records.change_record(
                     CLAIM, record.id, state=FREE, when={held}, audit=audit
                 )
                 released += changed.applied
@@ -292,7 +292,9 @@ class Review:
         live: dict[str, Claim] = {}
         after = 0
         while True:
-            page = await self.store.list_records(CLAIM, scope=event, after=after, limit=PAGE)
+            page = await self.store.records.list_records(
+                CLAIM, scope=event, after=after, limit=PAGE
+            )
             for record in page:
                 claim = self._claim_of(record)
                 if claim.live(now):
@@ -312,7 +314,7 @@ class Review:
         now = await self.store.now()
         held = await self.claims(event)
         while True:
-            page = await self.store.list_records(
+            page = await self.store.records.list_records(
                 ITEM, scope=event, state=ItemState.REVIEWABLE.value, after=after, limit=NEXT_PAGE
             )
             for record in page:
@@ -353,7 +355,7 @@ class Review:
         detail: dict[str, object] = {} if reason is None else {"reason": reason}
         audit = Audit(f"review.{wanted.value}", by, detail)
         item, took = await self._claim_to_decide(item, by, audit)
-        changed = await self.store.change_record(
+        changed = await self.store.records.change_record(
             ITEM,
             item.media_id,
             state=wanted.value,
@@ -391,7 +393,7 @@ class Review:
         took it after the decision's own claim went). Freed, not deleted: a store never deletes
         its newest record, which this claim may be."""
         with contextlib.suppress(UnknownRecord):
-            await self.store.change_record(CLAIM, media_id, state=FREE, when={HELD + by})
+            await self.store.records.change_record(CLAIM, media_id, state=FREE, when={HELD + by})
 
     async def decide_many(
         self,
@@ -411,7 +413,7 @@ class Review:
         check_decision(by, approve, reason)
         results: list[BulkResult] = []
         for media_id in ids:
-            found = await self.store.get_record(ITEM, media_id)
+            found = await self.store.records.get_record(ITEM, media_id)
             if found is None or (event is not None and found.scope != event):
                 results.append(BulkResult(media_id, False, None, "missing"))
                 continue
@@ -445,7 +447,7 @@ class Review:
             raise ConfigError(
                 f"media id {item.media_id}: {item.decided_by} decided it; only they may undo it"
             )
-        changed = await self.store.change_record(
+        changed = await self.store.records.change_record(
             ITEM,
             item.media_id,
             state=ItemState.REVIEWABLE.value,
@@ -475,7 +477,7 @@ class Review:
         wanted = ItemState.APPROVED if approve else ItemState.REJECTED
         other = ItemState.REJECTED if approve else ItemState.APPROVED
         item = await self.moderation.records.get(media_id)
-        changed = await self.store.change_record(
+        changed = await self.store.records.change_record(
             ITEM,
             item.media_id,
             state=wanted.value,
@@ -499,13 +501,13 @@ class Review:
         return counts
 
     async def _refused(self, item: Item, audit: Audit, outcome: str) -> None:
-        await self.store.write_audit(
+        await self.store.records.write_audit(
             ITEM, item.media_id, scope=item.event, audit=audit, outcome=outcome
         )
 
     async def forget(self, media_ids: Collection[str]) -> None:
         """The claims of items decided or gone."""
-        await self.store.delete_records(CLAIM, list(media_ids))
+        await self.store.records.delete_records(CLAIM, list(media_ids))
 
 
 def reopened_by(item: Item, by: str) -> bool:

@@ -174,7 +174,7 @@ async def receive(
     found = parse(body)
     key = hashlib.sha256(f"{provider}\0{found['id']}".encode()).hexdigest()
     body_kept = kept_as(found)
-    kept = await svc.store.put_record(
+    kept = await svc.store.records.put_record(
         DELIVERY,
         key,
         scope=provider,

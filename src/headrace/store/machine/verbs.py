@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from headrace.policy.errors import HeadraceError
 from headrace.policy.gate import GateStatistics
@@ -16,22 +16,6 @@ from headrace.store.machine import Transaction
 from headrace.store.protocol import pruning
 from headrace.store.protocol.ages import AGE_SAMPLE, ReadyAges
 from headrace.store.protocol.pruning import Batch, Mark, Pruned, PrunerState
-from headrace.store.protocol.records import (
-    Age,
-    Audit,
-    AuditRow,
-    Changed,
-    Notice,
-    OutboxRow,
-    Record,
-    check_audit,
-    check_name,
-    check_notice,
-    check_page,
-    check_record,
-    dump,
-    load,
-)
 from headrace.store.protocol.types import (
     Attempt,
     AttemptOutcome,
@@ -60,8 +44,9 @@ class Transacts(Protocol):
     async def _read(self, verb: Verb[T]) -> T: ...
 
 
-class TransactionVerbs:
-    """The verbs a store that `Transacts` runs as one transaction each, mixed into its class."""
+class TaskVerbs:
+    """The `Store` verbs of a store that `Transacts`, each one transaction (a prune: one a
+    batch); the store's class is built on it."""
 
     # -- submission
 
@@ -173,108 +158,8 @@ class TransactionVerbs:
     async def gate_statistics(self: Transacts) -> list[GateStatistics]:
         return await self._read(lambda tx: tx.gate_statistics())
 
-
-class RecordVerbs:
-    """The record verbs (`store/protocol/records.py`) of a store that `Transacts`, checked at the
-    edge."""
-
-    async def put_record(
-        self: Transacts,
-        kind: str,
-        record_id: str,
-        *,
-        scope: str,
-        state: str,
-        body: Mapping[str, Any] | None = None,
-        audit: Audit | None = None,
-    ) -> Changed:
-        check_record(kind, record_id, scope, state)
-        check_audit(audit)
-        text = dump(body or {})
-        return await self._write(
-            lambda tx: tx.put_record(kind, record_id, scope, state, text, audit)
-        )
-
-    async def change_record(
-        self: Transacts,
-        kind: str,
-        record_id: str,
-        *,
-        state: str | None = None,
-        body: Mapping[str, Any] | None = None,
-        when: Collection[str] | None = None,
-        age: Age | None = None,
-        audit: Audit | None = None,
-        notice: Notice | None = None,
-    ) -> Changed:
-        check_record(kind, record_id, None, state)
-        check_audit(audit)
-        check_notice(notice)
-        changes = None if body is None else load(dump(body))
-        states = None if when is None else frozenset(when)
-        return await self._write(
-            lambda tx: tx.change_record(kind, record_id, state, changes, states, age, audit, notice)
-        )
-
-    async def write_audit(
-        self: Transacts, kind: str, record_id: str, *, scope: str, audit: Audit, outcome: str
-    ) -> None:
-        check_record(kind, record_id, scope, None)
-        check_audit(audit)
-        await self._write(lambda tx: tx.write_audit(kind, record_id, scope, audit, outcome))
-
-    async def get_record(self: Transacts, kind: str, record_id: str) -> Record | None:
-        check_record(kind, record_id, None, None)
-        return await self._read(lambda tx: tx.get_record(kind, record_id))
-
-    async def list_records(
-        self: Transacts,
-        kind: str,
-        *,
-        scope: str | None = None,
-        state: str | None = None,
-        after: int = 0,
-        limit: int = 100,
-    ) -> list[Record]:
-        check_page(after, limit)
-        return await self._read(lambda tx: tx.list_records(kind, scope, state, after, limit))
-
-    async def count_records(
-        self: Transacts,
-        kind: str,
-        *,
-        scope: str | None = None,
-        state: str | None = None,
-        after: int = 0,
-    ) -> int:
-        check_page(after, 1)
-        return await self._read(lambda tx: tx.count_records(kind, scope, state, after))
-
-    async def audit_log(
-        self: Transacts,
-        *,
-        kind: str | None = None,
-        record_id: str | None = None,
-        scope: str | None = None,
-        limit: int = 1000,
-    ) -> list[AuditRow]:
-        check_page(0, limit)
-        return await self._read(lambda tx: tx.audit_log(kind, record_id, scope, limit))
-
-    async def outbox(
-        self: Transacts, *, after: int = 0, pending: bool = True, limit: int = 100
-    ) -> list[OutboxRow]:
-        check_page(after, limit)
-        return await self._read(lambda tx: tx.outbox(after, pending, limit))
-
-    async def mark_delivered(self: Transacts, ids: Collection[int]) -> int:
-        wanted = sorted(ids)
-        return await self._write(lambda tx: tx.mark_delivered(wanted))
-
-
-class PruneVerbs:
-    """Retention (store/protocol/pruning.py) for a store that `Transacts`: a run is a batch per
-    transaction; a dry run reads the same candidates and writes nothing."""
+    # -- retention (store/protocol/pruning.py): a run is a batch per transaction; a dry run reads
+    # the same candidates and writes nothing
 
     async def prune(self: Transacts, retention: Retention, *, dry_run: bool = False) -> Pruned:
         batches: list[Batch] = []
@@ -286,13 +171,6 @@ class PruneVerbs:
                 batches.append(batch)
                 mark, done = batch.mark, batch.done
         return pruning.tally(batches)
-
-    async def delete_records(
-        self: Transacts, kind: str, ids: Collection[str], *, when: Collection[str] | None = None
-    ) -> int:
-        check_name(kind, "record.kind")
-        wanted, states = sorted(ids), None if when is None else frozenset(when)
-        return await self._write(lambda tx: tx.delete_records(kind, wanted, states))
 
     async def take_pruner(
         self: Transacts, holder: str, *, lease_for: float, every: float = 0.0

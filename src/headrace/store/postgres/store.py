@@ -62,7 +62,8 @@ from headrace.store.machine import (
     sql,
     task_row,
 )
-from headrace.store.machine.verbs import PruneVerbs, RecordVerbs, TransactionVerbs, kinds_list
+from headrace.store.machine.record_verbs import RecordVerbs
+from headrace.store.machine.verbs import TaskVerbs, kinds_list
 from headrace.store.postgres.connection import (
     GONE_AFTER,
     PROBE_IDLE,
@@ -133,7 +134,7 @@ BEGIN = "BEGIN"
 COMMIT = "COMMIT"
 
 
-class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
+class PostgresStore(TaskVerbs):
     """The store many processes on many hosts share: one PostgreSQL schema."""
 
     def __init__(
@@ -181,6 +182,7 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         self._clock_question: asyncio.Task[tuple[float, float]] | None = None
         self._sweeps = Sweeps()
         self._listener = Listener(self._conninfo("headrace-listen"), self._compose("listen"))
+        self.records = RecordVerbs(self)  # same database, same transactions
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock | None = None) -> PostgresStore:

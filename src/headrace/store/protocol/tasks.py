@@ -7,14 +7,14 @@ Every verb is one transaction. Time for leases, run_at and gate windows is the s
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from headrace.policy.errors import HeadraceError
 from headrace.policy.gate import GateStatistics
 from headrace.policy.retention import Retention
 from headrace.store.protocol.ages import AGE_SAMPLE, ReadyAges
 from headrace.store.protocol.pruning import Pruned, PrunerState
-from headrace.store.protocol.records import Age, Audit, AuditRow, Changed, Notice, OutboxRow, Record
+from headrace.store.protocol.records import RecordStore
 from headrace.store.protocol.types import (
     Attempt,
     AttemptOutcome,
@@ -211,95 +211,9 @@ class Store(Protocol):
 
     async def gate_statistics(self) -> list[GateStatistics]: ...
 
-    # -- records, the audit log and the outbox (store/protocol/records.py)
-
-    async def put_record(
-        self,
-        kind: str,
-        record_id: str,
-        *,
-        scope: str,
-        state: str,
-        body: Mapping[str, Any] | None = None,
-        audit: Audit | None = None,
-    ) -> Changed:
-        """Create a record unless one of this kind and id exists: then return that one, not
-        applied, and write nothing. `audit` is written with a record created."""
-        ...
-
-    async def change_record(
-        self,
-        kind: str,
-        record_id: str,
-        *,
-        state: str | None = None,
-        body: Mapping[str, Any] | None = None,
-        when: Collection[str] | None = None,
-        age: Age | None = None,
-        audit: Audit | None = None,
-        notice: Notice | None = None,
-    ) -> Changed:
-        """Set a record's state and `body`'s keys, if its state is among `when` (or always)
-        and, given `age`, it last changed that long ago by the store's clock (`records.Age`),
-        in one transaction with `audit` (written either way, with the outcome) and `notice`
-        (to the outbox, only when the change applied). Raise UnknownRecord if there is none."""
-        ...
-
-    async def write_audit(
-        self, kind: str, record_id: str, *, scope: str, audit: Audit, outcome: str
-    ) -> None:
-        """An audit row for an attempt that changed nothing (one denied, say)."""
-        ...
-
-    async def get_record(self, kind: str, record_id: str) -> Record | None: ...
-
-    async def list_records(
-        self,
-        kind: str,
-        *,
-        scope: str | None = None,
-        state: str | None = None,
-        after: int = 0,
-        limit: int = 100,
-    ) -> list[Record]:
-        """Records of a kind whose seq is past `after`, in seq order."""
-        ...
-
-    async def count_records(
-        self,
-        kind: str,
-        *,
-        scope: str | None = None,
-        state: str | None = None,
-        after: int = 0,
-    ) -> int: ...
-
-    async def audit_log(
-        self,
-        *,
-        kind: str | None = None,
-        record_id: str | None = None,
-        scope: str | None = None,
-        limit: int = 1000,
-    ) -> list[AuditRow]:
-        """Audit rows in the order written."""
-        ...
-
-    async def outbox(
-        self, *, after: int = 0, pending: bool = True, limit: int = 100
-    ) -> list[OutboxRow]:
-        """Notifications past id `after` in the order written (not yet delivered: `pending`)."""
-        ...
-
-    async def mark_delivered(self, ids: Collection[int]) -> int:
-        """Mark notifications delivered; return how many were not before."""
-        ...
-
-    async def delete_records(
-        self, kind: str, ids: Collection[str], *, when: Collection[str] | None = None
-    ) -> int:
-        """Delete the records of `kind` among `ids` (those whose state is in `when`, when
-        given; never the newest record, whose seq the next one counts on from); how many."""
+    @property
+    def records(self) -> RecordStore:
+        """The records, audit rows and outbox kept beside the tasks, in the same database."""
         ...
 
     # -- retention (store/protocol/pruning.py)

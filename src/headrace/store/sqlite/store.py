@@ -32,7 +32,8 @@ from headrace.policy.clock import Clock, WallClock
 from headrace.policy.errors import ConfigError, HeadraceError, StoreError
 from headrace.policy.gate import GateConfig
 from headrace.store.machine import Claimed, LeasedRows, Sweeps, Transaction, sql
-from headrace.store.machine.verbs import PruneVerbs, RecordVerbs, TransactionVerbs, kinds_list
+from headrace.store.machine.record_verbs import RecordVerbs
+from headrace.store.machine.verbs import TaskVerbs, kinds_list
 from headrace.store.protocol.types import (
     ClaimResult,
     KindLimit,
@@ -65,7 +66,7 @@ T = TypeVar("T")
 DATA_VERSION_POLL = 0.02
 
 
-class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
+class SQLiteStore(TaskVerbs):
     """The embedded store: one SQLite file, shared by the processes of one host."""
 
     def __init__(
@@ -99,6 +100,7 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         self._channel = WakeChannel(self.path, self._woken.set)  # ... to and from other processes
         self._checkpointer: Checkpointer | None = None
         self._turn = WriteTurn(self.path, busy_timeout)  # writers of every process queue here
+        self.records = RecordVerbs(self)  # same database, same transactions
 
     @classmethod
     def from_url(
@@ -175,7 +177,7 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._woken.wait(), min(self.data_version_poll, left))
 
-    # -- claiming (the other verbs: TransactionVerbs)
+    # -- claiming (the other verbs: TaskVerbs)
 
     async def claim(
         self,
