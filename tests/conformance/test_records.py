@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import cast
 
 import pytest
 
 from headrace.policy import ConfigError, ManualClock, UnknownRecord
+from headrace.store.machine import Transaction
+from headrace.store.machine import records as record_steps
+from headrace.store.machine import submit as submit_steps
+from headrace.store.machine.record_verbs import RecordVerbs
+from headrace.store.machine.verbs import Transacts
 from headrace.store.protocol.records import Age, Audit, Notice, RecordStore
 from headrace.store.protocol.tasks import Store
-from headrace.store.protocol.types import Settings
+from headrace.store.protocol.types import NewTask, Settings
 
 from .conftest import GATES
 
@@ -229,3 +235,29 @@ async def test_records_outlive_the_process(store: Store, reopen: Callable[[], St
         assert m2 is not None and m2.seq > found.seq
     finally:
         await again.close()
+
+
+class Undone(Exception):
+    """Raised by a step to see its transaction rolled back."""
+
+
+async def test_a_step_that_touches_tasks_and_records_commits_once(store: Store) -> None:
+    """Records share their store's database and transactions: one step that submits a task and
+    writes a record (a decision and the task it creates) commits both, or neither."""
+    if not isinstance(store.records, RecordVerbs):
+        pytest.skip("this store runs no machine steps")
+    runner = cast(Transacts, store)
+
+    async def both(tx: Transaction, fail: bool) -> None:
+        await submit_steps.submit(tx, [NewTask(kind="work", ref="m1")], {})
+        await record_steps.put_record(tx, "item", "m1", "ev1", "accepted", "{}", None)
+        if fail:
+            raise Undone
+
+    with pytest.raises(Undone):
+        await runner._write(lambda tx: both(tx, True), clock_first=False)
+    assert await store.tasks() == [] and await store.records.get_record("item", "m1") is None
+    await runner._write(lambda tx: both(tx, False), clock_first=False)
+    [task] = await store.tasks()
+    made = await store.records.get_record("item", "m1")
+    assert task.ref == "m1" and made is not None and made.state == "accepted"

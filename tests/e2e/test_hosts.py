@@ -517,7 +517,7 @@ async def main(url: str) -> None:
     print("asking", flush=True)
     while True:  # as the store runs a verb again on another connection when one breaks
         try:
-            async with store._require_pool().connection() as conn:
+            async with store.sessions.pool().connection() as conn:
                 await conn.execute("SELECT pg_sleep(2)")
             break
         except psycopg.OperationalError:

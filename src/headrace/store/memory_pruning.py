@@ -1,7 +1,6 @@
 """The memory store's retention (store/protocol/pruning.py), with the semantics of the SQL stores'
-named
-statements (`prunable_tasks` and the rest): the conformance suite holds them to one. Mixed into
-`MemoryStore`, whose task table and indexes it reads and trims."""
+named statements (`prunable_tasks` and the rest): the conformance suite holds them to one. Mixed
+into `MemoryStore`, whose task table and indexes it reads and trims."""
 
 from __future__ import annotations
 

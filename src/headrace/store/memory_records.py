@@ -1,6 +1,6 @@
 """The memory store's records, audit rows and outbox (`store/protocol/records.py`), with the
-semantics
-of the SQL stores' (`store/machine/records.py`): the conformance suite holds them to one."""
+semantics of the SQL stores' (`store/machine/records.py`): the conformance suite holds them to
+one."""
 
 from __future__ import annotations
 

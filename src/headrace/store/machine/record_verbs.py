@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from headrace.store.machine import records as record_steps
 from headrace.store.machine.verbs import Transacts
 from headrace.store.protocol.records import (
     Age,
@@ -47,7 +48,7 @@ class RecordVerbs:
         check_audit(audit)
         text = dump(body or {})
         return await self._runner._write(
-            lambda tx: tx.put_record(kind, record_id, scope, state, text, audit)
+            lambda tx: record_steps.put_record(tx, kind, record_id, scope, state, text, audit)
         )
 
     async def change_record(
@@ -68,7 +69,9 @@ class RecordVerbs:
         changes = None if body is None else load(dump(body))
         states = None if when is None else frozenset(when)
         return await self._runner._write(
-            lambda tx: tx.change_record(kind, record_id, state, changes, states, age, audit, notice)
+            lambda tx: record_steps.change_record(
+                tx, kind, record_id, state, changes, states, age, audit, notice
+            )
         )
 
     async def write_audit(
@@ -76,11 +79,13 @@ class RecordVerbs:
     ) -> None:
         check_record(kind, record_id, scope, None)
         check_audit(audit)
-        await self._runner._write(lambda tx: tx.write_audit(kind, record_id, scope, audit, outcome))
+        await self._runner._write(
+            lambda tx: record_steps.write_audit(tx, kind, record_id, scope, audit, outcome)
+        )
 
     async def get_record(self, kind: str, record_id: str) -> Record | None:
         check_record(kind, record_id, None, None)
-        return await self._runner._read(lambda tx: tx.get_record(kind, record_id))
+        return await self._runner._read(lambda tx: record_steps.get_record(tx, kind, record_id))
 
     async def list_records(
         self,
@@ -93,7 +98,7 @@ class RecordVerbs:
     ) -> list[Record]:
         check_page(after, limit)
         return await self._runner._read(
-            lambda tx: tx.list_records(kind, scope, state, after, limit)
+            lambda tx: record_steps.list_records(tx, kind, scope, state, after, limit)
         )
 
     async def count_records(
@@ -105,7 +110,9 @@ class RecordVerbs:
         after: int = 0,
     ) -> int:
         check_page(after, 1)
-        return await self._runner._read(lambda tx: tx.count_records(kind, scope, state, after))
+        return await self._runner._read(
+            lambda tx: record_steps.count_records(tx, kind, scope, state, after)
+        )
 
     async def audit_log(
         self,
@@ -116,21 +123,25 @@ class RecordVerbs:
         limit: int = 1000,
     ) -> list[AuditRow]:
         check_page(0, limit)
-        return await self._runner._read(lambda tx: tx.audit_log(kind, record_id, scope, limit))
+        return await self._runner._read(
+            lambda tx: record_steps.audit_log(tx, kind, record_id, scope, limit)
+        )
 
     async def outbox(
         self, *, after: int = 0, pending: bool = True, limit: int = 100
     ) -> list[OutboxRow]:
         check_page(after, limit)
-        return await self._runner._read(lambda tx: tx.outbox(after, pending, limit))
+        return await self._runner._read(lambda tx: record_steps.outbox(tx, after, pending, limit))
 
     async def mark_delivered(self, ids: Collection[int]) -> int:
         wanted = sorted(ids)
-        return await self._runner._write(lambda tx: tx.mark_delivered(wanted))
+        return await self._runner._write(lambda tx: record_steps.mark_delivered(tx, wanted))
 
     async def delete_records(
         self, kind: str, ids: Collection[str], *, when: Collection[str] | None = None
     ) -> int:
         check_name(kind, "record.kind")
         wanted, states = sorted(ids), None if when is None else frozenset(when)
-        return await self._runner._write(lambda tx: tx.delete_records(kind, wanted, states))
+        return await self._runner._write(
+            lambda tx: record_steps.delete_records(tx, kind, wanted, states)
+        )

@@ -32,6 +32,8 @@ from headrace.policy.clock import Clock, WallClock
 from headrace.policy.errors import ConfigError, HeadraceError, StoreError
 from headrace.policy.gate import GateConfig
 from headrace.store.machine import Claimed, LeasedRows, Sweeps, Transaction, sql
+from headrace.store.machine import claim as claim_steps
+from headrace.store.machine import outcomes as outcome_steps
 from headrace.store.machine.record_verbs import RecordVerbs
 from headrace.store.machine.verbs import TaskVerbs, kinds_list
 from headrace.store.protocol.types import (
@@ -198,11 +200,12 @@ class SQLiteStore(TaskVerbs):
         async def verb(
             tx: Transaction,
         ) -> tuple[list[HeadraceError | None], Claimed, LeasedRows | None]:
-            results = await tx.finish_many(batch) if batch else []
+            results = await outcome_steps.finish_many(tx, batch) if batch else []
             if self._sweeps.due(tx.now):  # under the same write lock as the claim
                 fold = self._sweeps.fold_due(tx.now)
-                self._sweeps.swept(await tx.sweep(fold=fold), folded=fold)
-            claimed = await tx.claim(
+                self._sweeps.swept(await claim_steps.sweep(tx, fold=fold), folded=fold)
+            claimed = await claim_steps.claim(
+                tx,
                 worker,
                 limit,
                 lease_for,
