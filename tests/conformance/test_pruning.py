@@ -1,4 +1,4 @@
-"""Retention (store/protocol/pruning.py), run against every backend: what goes, what never does, in
+"""Retention (store/machine/plans.py), run against every backend: what goes, what never does, in
 batches, the group rollup, and one pruner at a time across store instances."""
 
 from __future__ import annotations

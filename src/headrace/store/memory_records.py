@@ -11,7 +11,7 @@ from typing import Any
 
 from headrace.policy.clock import Clock
 from headrace.policy.errors import UnknownRecord
-from headrace.store.protocol.pruning import AuditPlan, Mark, NoticePlan, RecordPlan
+from headrace.store.machine.plans import AuditPlan, Mark, NoticePlan, RecordPlan
 from headrace.store.protocol.records import (
     Age,
     Audit,

@@ -1,4 +1,4 @@
-"""The pruner's steps (store/protocol/pruning.py): one batch of a plan, the group rollup it feeds,
+"""The pruner's steps (store/machine/plans.py): one batch of a plan, the group rollup it feeds,
 the pruner's lease, and the named leases (`take_lease`).
 
 A batch reads its candidates (the plan's statement says which rows nothing needs any more),
@@ -14,18 +14,17 @@ from collections.abc import Sequence
 
 from headrace.store.machine import records as record_steps
 from headrace.store.machine.core import Transaction
-from headrace.store.machine.rows import Row
-from headrace.store.protocol.pruning import (
-    ATTEMPTS,
+from headrace.store.machine.plans import (
     AuditPlan,
     Batch,
     Mark,
     NoticePlan,
     Plan,
-    PrunerState,
     RecordPlan,
     TaskPlan,
 )
+from headrace.store.machine.rows import Row
+from headrace.store.protocol.pruning import ATTEMPTS, PrunerState
 from headrace.store.protocol.types import TaskState
 
 

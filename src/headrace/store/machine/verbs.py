@@ -12,15 +12,15 @@ from typing import Protocol, TypeVar
 from headrace.policy.errors import HeadraceError
 from headrace.policy.gate import GateStatistics
 from headrace.policy.retention import Retention
-from headrace.store.machine import Transaction, reads
+from headrace.store.machine import Transaction, plans, reads
 from headrace.store.machine import claim as claim_steps
 from headrace.store.machine import outcomes as outcome_steps
 from headrace.store.machine import pruning as prune_steps
 from headrace.store.machine import submit as submit_steps
 from headrace.store.machine import tickets as ticket_steps
-from headrace.store.protocol import pruning
+from headrace.store.machine.plans import Batch, Mark
 from headrace.store.protocol.ages import AGE_SAMPLE, ReadyAges
-from headrace.store.protocol.pruning import Batch, Mark, Pruned, PrunerState
+from headrace.store.protocol.pruning import Pruned, PrunerState
 from headrace.store.protocol.types import (
     Attempt,
     AttemptOutcome,
@@ -167,19 +167,19 @@ class TaskVerbs:
     async def gate_statistics(self: Transacts) -> list[GateStatistics]:
         return await self._read(lambda tx: reads.gate_statistics(tx))
 
-    # -- retention (store/protocol/pruning.py): a run is a batch per transaction; a dry run reads
+    # -- retention (store/machine/plans.py): a run is a batch per transaction; a dry run reads
     # the same candidates and writes nothing
 
     async def prune(self: Transacts, retention: Retention, *, dry_run: bool = False) -> Pruned:
         batches: list[Batch] = []
-        for plan in pruning.plans(retention):
+        for plan in plans.plans(retention):
             mark, done = Mark(), False
             while not done:
                 step = functools.partial(_prune_step, plan, mark, retention.batch, dry_run)
                 batch = await (self._read(step) if dry_run else self._write(step))
                 batches.append(batch)
                 mark, done = batch.mark, batch.done
-        return pruning.tally(batches)
+        return plans.tally(batches)
 
     async def take_pruner(
         self: Transacts, holder: str, *, lease_for: float, every: float = 0.0
@@ -197,7 +197,7 @@ class TaskVerbs:
 
 
 async def _prune_step(
-    plan: pruning.Plan, after: Mark, limit: int, dry_run: bool, tx: Transaction
+    plan: plans.Plan, after: Mark, limit: int, dry_run: bool, tx: Transaction
 ) -> Batch:
     return await prune_steps.prune_batch(tx, plan, after, limit, dry_run)
 
