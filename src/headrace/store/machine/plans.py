@@ -1,4 +1,5 @@
-"""What the pruner removes from a store (`Store.prune`), in what order, and what it reports.
+"""What the pruner removes from a store (`Store.prune`) and in what order; what a run reports
+(`Pruned`) is the protocol's (store/protocol/pruning.py).
 
 A run walks `plans(retention)` in order, each in batches of `retention.batch` rows, one
 transaction a batch (so no lock is held for long): succeeded, cancelled and dead tasks (with
