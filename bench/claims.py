@@ -14,7 +14,7 @@ import psycopg
 from psycopg import sql
 
 from headrace.store.postgres import PostgresStore
-from headrace.store.types import NewTask, Settings
+from headrace.store.protocol.types import NewTask, Settings
 
 T = TypeVar("T")
 

@@ -33,7 +33,7 @@ SLOTS = 16
 SAMPLE_EVERY = 0.01
 DEADLINE = 300.0
 
-# Statements by a phrase of their text (store/sql/postgres/queries.sql).
+# Statements by a phrase of their text (store/postgres/sql/queries.sql).
 STATEMENTS = (
     ("claim: gates", "peek AS MATERIALIZED"),
     ("claim: tasks", "FOR UPDATE OF t SKIP LOCKED"),

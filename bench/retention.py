@@ -35,9 +35,9 @@ from rich.table import Table
 
 from headrace.policy import ErrorClass, ManualClock
 from headrace.policy.retention import DAY, Retention
-from headrace.store.records import Audit, Notice
+from headrace.store.protocol.records import Audit, Notice
+from headrace.store.protocol.types import AttemptError, Dead, Lease, NewTask, Settings, Succeeded
 from headrace.store.sqlite import SQLiteStore
-from headrace.store.types import AttemptError, Dead, Lease, NewTask, Settings, Succeeded
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "retention.json"
 TABLES = ("tasks", "attempts", "task_deps", "records", "audit", "outbox", "group_rollup")
@@ -118,7 +118,9 @@ class Day:
             "memory": 58_000_000,
             "flags": [],
         }
-        await self.store.put_record("item", media_id, scope=event, state="accepted", body=body)
+        await self.store.records.put_record(
+            "item", media_id, scope=event, state="accepted", body=body
+        )
         await self.store.submit([stage_task("validate", media_id, event, session)])
 
     async def run(self, lease: Lease) -> Succeeded | Dead:
@@ -126,12 +128,14 @@ class Day:
         task = lease.task
         stage = task.kind.split(".")[1]
         if stage == "validate":
-            await self.store.change_record("item", task.ref, state="validated", body=PROBED)
+            await self.store.records.change_record("item", task.ref, state="validated", body=PROBED)
         elif stage == "scan":
-            await self.store.change_record("item", task.ref, state="scanned")
+            await self.store.records.change_record("item", task.ref, state="scanned")
         elif stage == "derive":
             derived = {"derived": f"derived/{task.ref}/derive.v1", "metadata": METADATA}
-            await self.store.change_record("item", task.ref, state="reviewable", body=derived)
+            await self.store.records.change_record(
+                "item", task.ref, state="reviewable", body=derived
+            )
             self.reviewable.setdefault(task.group or "", []).append(task.ref)
             return Succeeded()
         else:
@@ -144,7 +148,7 @@ class Day:
         """A moderator decides the event's reviewable items; the relay delivers the notices."""
         for n, media_id in enumerate(self.reviewable.pop(event, [])):
             decision = "rejected" if n % 10 == 9 else "approved"
-            await self.store.change_record(
+            await self.store.records.change_record(
                 "item",
                 media_id,
                 state=decision,
@@ -152,8 +156,8 @@ class Day:
                 audit=Audit(f"review.{decision}", "mod-1"),
                 notice=Notice(f"item.{decision}", {"media_id": media_id}),
             )
-        pending = await self.store.outbox(limit=10_000)
-        await self.store.mark_delivered([row.id for row in pending])
+        pending = await self.store.records.outbox(limit=10_000)
+        await self.store.records.mark_delivered([row.id for row in pending])
 
     async def pruned(self, retention: Retention) -> None:
         began = time.perf_counter()

@@ -40,15 +40,15 @@ from headrace.service import status
 from headrace.service.api import metrics
 from headrace.service.api.app import create_api
 from headrace.service.api.auth import Role, create_token
-from headrace.store import sql
+from headrace.store.machine import sql
 from headrace.store.postgres import PostgresStore
 from headrace.store.postgres.connection import MIGRATIONS as POSTGRES_MIGRATIONS
 from headrace.store.postgres.connection import QUERIES as POSTGRES_QUERIES
+from headrace.store.protocol.types import TaskState
 from headrace.store.sqlite import SQLiteStore
 from headrace.store.sqlite.connection import MIGRATIONS as SQLITE_MIGRATIONS
 from headrace.store.sqlite.connection import QUERIES as SQLITE_QUERIES
 from headrace.store.sqlite.connection import connect
-from headrace.store.types import TaskState
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "scrape.json"
 SIZES = (1_000, 1_000_000, 10_000_000)

@@ -40,7 +40,7 @@ from headrace.runtime import (
     WorkerSettings,
     consume_bounded,
 )
-from headrace.store.types import GroupReport, TaskRecord, TaskState
+from headrace.store.protocol.types import GroupReport, TaskRecord, TaskState
 
 __all__ = [
     "App",

@@ -22,9 +22,10 @@ from psycopg import sql
 
 from headrace.policy import GateConfig, ManualClock, Rate
 from headrace.sim.loop import VirtualTimeLoop
-from headrace.store.base import Store
 from headrace.store.memory import MemoryStore
-from headrace.store.types import Settings
+from headrace.store.protocol.records import RecordStore
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import Settings
 from tests.services import unavailable
 
 BACKENDS = ["memory", "sqlite", "postgres"]
@@ -135,6 +136,12 @@ async def store(
     await opened.open(Settings(gates=GATES, aging_step=AGING_STEP, poison_expiries=3))
     yield opened
     await opened.close()
+
+
+@pytest.fixture
+def records(store: Store) -> RecordStore:
+    """The records beside `store`: the `RecordStore` cases run against this protocol alone."""
+    return store.records
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import psycopg
 from psycopg import sql
 
 from headrace.store.memory import MemoryStore
-from headrace.store.types import AttemptOutcome, TaskState
+from headrace.store.protocol.types import AttemptOutcome, TaskState
 
 from .conftest import POSTGRES_DSN, postgres_schema
 
@@ -48,7 +48,7 @@ class Row:
     kind: str
     group: str | None
     state: TaskState
-    since: float  # when it last became ready to run (store/ages.py), or was created
+    since: float  # when it last became ready to run (store/protocol/ages.py), or was created
 
 
 class Plain(Protocol):

@@ -7,8 +7,8 @@ import pytest
 
 from headrace.policy import ManualClock
 from headrace.policy.errors import ErrorClass
-from headrace.store.base import Store
-from headrace.store.types import (
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import (
     AttemptError,
     AttemptOutcome,
     KindLimit,

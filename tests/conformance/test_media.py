@@ -341,7 +341,9 @@ async def test_the_pruner_releases_originals_no_item_names_once_old_enough(kept:
         assert report.removed[ORPHANS] == 2
         assert await kept.keys("blobs") == [blob_key(named.digest)]
 
-        mark = await app.store.get_record(*ORPHANS_SWEPT)  # the next run looks from there on
+        mark = await app.store.records.get_record(
+            *ORPHANS_SWEPT
+        )  # the next run looks from there on
         assert mark is not None and mark.body["until"] <= media.wall() - HOUR
         assert (await Pruner(app, holder="test").run()).removed[ORPHANS] == 0
         assert await media.has_blob(named.digest)

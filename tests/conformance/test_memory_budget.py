@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from headrace.policy import ConfigError
-from headrace.store.base import Store
-from headrace.store.types import KindLimit, Lease, MemoryRoom, NewTask
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import KindLimit, Lease, MemoryRoom, NewTask
 
 pytestmark = pytest.mark.anyio
 

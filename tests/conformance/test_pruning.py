@@ -1,4 +1,4 @@
-"""Retention (store/pruning.py), run against every backend: what goes, what never does, in
+"""Retention (store/machine/plans.py), run against every backend: what goes, what never does, in
 batches, the group rollup, and one pruner at a time across store instances."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ import pytest
 
 from headrace.policy import ErrorClass, ManualClock
 from headrace.policy.retention import DAY, Retention
-from headrace.store.base import Store
-from headrace.store.pruning import (
+from headrace.store.protocol.pruning import (
     ATTEMPTS,
     CANCELLED_TASKS,
     DEAD_TASKS,
@@ -20,8 +19,9 @@ from headrace.store.pruning import (
     SUCCEEDED_TASKS,
     UPSTREAM_PRUNED,
 )
-from headrace.store.records import Audit, Notice
-from headrace.store.types import (
+from headrace.store.protocol.records import Audit, Notice
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import (
     AttemptError,
     AwaitRemote,
     Dead,
@@ -306,51 +306,55 @@ async def test_a_group_whose_tasks_all_went_still_reports_them(
 async def test_notices_go_once_delivered_and_old_and_pending_ones_stay(
     store: Store, clock: ManualClock
 ) -> None:
-    await store.put_record("item", "m1", scope="ev1", state="reviewable")
+    await store.records.put_record("item", "m1", scope="ev1", state="reviewable")
     for state in ("approved", "rejected", "approved"):
-        await store.change_record("item", "m1", state=state, notice=Notice(f"item.{state}"))
-    [first, second, third] = await store.outbox()
-    await store.mark_delivered([first.id, third.id])
+        await store.records.change_record("item", "m1", state=state, notice=Notice(f"item.{state}"))
+    [first, second, third] = await store.records.outbox()
+    await store.records.mark_delivered([first.id, third.id])
     clock.advance(2 * DAY)
 
     pruned = await store.prune(Retention())
 
     assert pruned.removed[NOTICES] == 1  # the newest notice stays, delivered or not
-    assert [row.id for row in await store.outbox(pending=False)] == [second.id, third.id]
+    assert [row.id for row in await store.records.outbox(pending=False)] == [second.id, third.id]
 
 
 async def test_audit_rows_sign_ins_and_deliveries_go_by_their_own_ages(
     store: Store, clock: ManualClock
 ) -> None:
-    await store.put_record("login", "l1", scope="mod", state="active", audit=Audit("login", "mod"))
-    await store.put_record("delivery", "d1", scope="minimax", state="received")
-    await store.put_record("remote", "r1", scope="minimax", state="succeeded")
-    await store.put_record("item", "m1", scope="ev1", state="rejected")
+    await store.records.put_record(
+        "login", "l1", scope="mod", state="active", audit=Audit("login", "mod")
+    )
+    await store.records.put_record("delivery", "d1", scope="minimax", state="received")
+    await store.records.put_record("remote", "r1", scope="minimax", state="succeeded")
+    await store.records.put_record("item", "m1", scope="ev1", state="rejected")
     clock.advance(2 * DAY)
-    await store.put_record("login", "l2", scope="mod", state="active")  # the newest: stays
+    await store.records.put_record("login", "l2", scope="mod", state="active")  # the newest: stays
 
     first = await store.prune(Retention())
     assert first.removed[SIGN_INS] == 1 and first.removed[DELIVERIES] == 0
-    assert await store.get_record("login", "l1") is None
-    assert await store.get_record("item", "m1") is not None  # items are the pipeline's
+    assert await store.records.get_record("login", "l1") is None
+    assert await store.records.get_record("item", "m1") is not None  # items are the pipeline's
     clock.advance(6 * DAY)
     second = await store.prune(Retention())
     assert second.removed[DELIVERIES] == 2
-    assert len(await store.audit_log()) == 1
+    assert len(await store.records.audit_log()) == 1
     clock.advance(366 * DAY)
-    await store.put_record("login", "l3", scope="mod", state="active", audit=Audit("login", "m"))
+    await store.records.put_record(
+        "login", "l3", scope="mod", state="active", audit=Audit("login", "m")
+    )
     await store.prune(Retention())
-    assert [row.record_id for row in await store.audit_log()] == ["l3"]
+    assert [row.record_id for row in await store.records.audit_log()] == ["l3"]
 
 
 async def test_delete_records_takes_only_the_states_given(store: Store) -> None:
     for media_id, state in (("m1", "rejected"), ("m2", "reviewable"), ("m3", "rejected")):
-        await store.put_record("item", media_id, scope="ev1", state=state)
-    await store.put_record("login", "newest", scope="mod", state="active")
-    assert await store.delete_records("item", ["m1", "m2", "m9"], when={"rejected"}) == 1
-    assert await store.get_record("item", "m2") is not None
-    assert await store.delete_records("login", ["newest"]) == 0  # the newest record stays
-    assert [r.id for r in await store.list_records("item")] == ["m2", "m3"]
+        await store.records.put_record("item", media_id, scope="ev1", state=state)
+    await store.records.put_record("login", "newest", scope="mod", state="active")
+    assert await store.records.delete_records("item", ["m1", "m2", "m9"], when={"rejected"}) == 1
+    assert await store.records.get_record("item", "m2") is not None
+    assert await store.records.delete_records("login", ["newest"]) == 0  # the newest record stays
+    assert [r.id for r in await store.records.list_records("item")] == ["m2", "m3"]
 
 
 async def test_nothing_is_pruned_whose_age_is_off(store: Store, clock: ManualClock) -> None:

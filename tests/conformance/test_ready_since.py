@@ -1,5 +1,5 @@
-"""A ready task's age counts from when it last became ready to run (store/ages.py), on every
-backend: never from its creation, never through time spent dead, running, waiting on a remote
+"""A ready task's age counts from when it last became ready to run (store/protocol/ages.py), on
+every backend: never from its creation, never through time spent dead, running, waiting on a remote
 job or backing off. Each transition into `ready` is read back through both readers of the age,
 `stages` (the oldest) and `ready_ages` (the histogram's and the p95's sample)."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from headrace.policy import ErrorClass, ManualClock
-from headrace.store.base import Store
-from headrace.store.types import (
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import (
     AttemptError,
     AwaitRemote,
     Dead,

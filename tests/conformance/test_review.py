@@ -64,7 +64,7 @@ class Stop:
     def before(cls, monkeypatch: pytest.MonkeyPatch, desk: Desk, verb: str, kind: str) -> Stop:
         stop = cls(asyncio.Event(), asyncio.Event())
         store = desk.moderation.app.store
-        original: Callable[..., Awaitable[Any]] = getattr(store, verb)
+        original: Callable[..., Awaitable[Any]] = getattr(store.records, verb)
 
         async def held(*args: Any, **kwargs: Any) -> Any:
             if STOPPING.get() and args[0] == kind and not stop.go.is_set():
@@ -72,7 +72,7 @@ class Stop:
                 await stop.go.wait()
             return await original(*args, **kwargs)
 
-        monkeypatch.setattr(store, verb, held)
+        monkeypatch.setattr(store.records, verb, held)
         return stop
 
     async def late(self, call: Awaitable[T]) -> asyncio.Task[T]:
@@ -125,7 +125,7 @@ async def test_a_claim_keeps_others_off_until_it_is_released_or_lapses(desk: Des
         await desk.review.release(media_id, "root", admin=True)
     assert await desk.review.release(media_id, "root", admin=True, reason="cy went home")
     assert await desk.review.claims("gala") == {}
-    rows = await desk.moderation.app.store.audit_log(kind=CLAIM, record_id=media_id)
+    rows = await desk.moderation.app.store.records.audit_log(kind=CLAIM, record_id=media_id)
     outcomes = [(row.action, row.actor, row.outcome) for row in rows]
     assert outcomes[:4] == [
         ("claim.taken", "ana", "applied"),
@@ -162,7 +162,7 @@ async def test_a_decision_needs_the_claim_and_drops_it(desk: Desk) -> None:
     done = await desk.moderation.review(first, approve=False, by="ana", reason="off_topic")
     assert done.applied and done.item.state is ItemState.REJECTED
     assert (done.item.decided_by, done.item.decision_reason) == ("ana", "off_topic")
-    assert await desk.moderation.app.store.get_record(CLAIM, first) is None
+    assert await desk.moderation.app.store.records.get_record(CLAIM, first) is None
     again = await desk.moderation.review(first, approve=False, by="ana", reason="off_topic")
     assert not again.applied
     with pytest.raises(NotReviewable):
@@ -170,12 +170,12 @@ async def test_a_decision_needs_the_claim_and_drops_it(desk: Desk) -> None:
     with pytest.raises(ConfigError, match="reason: expected one of"):
         await desk.moderation.review(second, approve=False, by="ana", reason="ugly")
     store = desk.moderation.app.store
-    [notice] = await store.outbox()
+    [notice] = await store.records.outbox()
     assert (notice.topic, notice.body) == (
         "item.rejected",
         {"media_id": first, "reason": "off_topic"},
     )
-    outcomes = [row.outcome for row in await store.audit_log(kind=ITEM, record_id=first)]
+    outcomes = [row.outcome for row in await store.records.audit_log(kind=ITEM, record_id=first)]
     assert outcomes == [
         "unchanged: held by ana",
         "applied",
@@ -215,10 +215,10 @@ async def test_bulk_decides_item_by_item_and_reports_each_conflict(desk: Desk) -
         (True, "approved", None, None),
     ]
     store = desk.moderation.app.store
-    topics = [(n.topic, n.record_id) for n in await store.outbox()]
+    topics = [(n.topic, n.record_id) for n in await store.records.outbox()]
     assert topics.count(("item.approved", ids[0])) == 1 and len(topics) == 4
     for media_id in (ids[0], ids[3], ids[4]):
-        rows = await store.audit_log(kind=ITEM, record_id=media_id)
+        rows = await store.records.audit_log(kind=ITEM, record_id=media_id)
         assert [(r.action, r.outcome) for r in rows] == [("review.approved", "applied")]
     assert await desk.review.pending_by_session("gala") == {"s9": 1}
     with pytest.raises(ConfigError, match="media_ids"):
@@ -235,7 +235,7 @@ async def test_undo_within_the_window_reopens_with_one_correction(desk: Desk) ->
     assert reopened.state is ItemState.REVIEWABLE and reopened.decided_by is None
     assert (await desk.review.claims("gala"))[first].holder == "ana"  # back in her hands
     store = desk.moderation.app.store
-    assert [(n.topic, n.body.get("was")) for n in await store.outbox()] == [
+    assert [(n.topic, n.body.get("was")) for n in await store.records.outbox()] == [
         ("item.approved", None),
         ("item.reopened", "approved"),
     ]
@@ -248,9 +248,11 @@ async def test_undo_within_the_window_reopens_with_one_correction(desk: Desk) ->
     assert changed.state is ItemState.REJECTED
     with pytest.raises(NotReviewable):
         await desk.review.change(second, approve=False, by="root", reason="again")
-    topics = [n.topic for n in await store.outbox() if n.record_id == second]
+    topics = [n.topic for n in await store.records.outbox() if n.record_id == second]
     assert topics == ["item.approved", "item.decision_changed"]
-    trail = [(r.action, r.outcome) for r in await store.audit_log(kind=ITEM, record_id=second)]
+    trail = [
+        (r.action, r.outcome) for r in await store.records.audit_log(kind=ITEM, record_id=second)
+    ]
     assert trail[-3:] == [
         ("review.undone", "unchanged: approved, changed 31 s before"),
         ("review.changed", "applied"),
@@ -285,8 +287,12 @@ async def test_a_decision_sent_again_at_once_applies_once_and_the_repeat_answers
     assert (first.applied, again.applied) == (True, False)
     assert again.item.state is ItemState.APPROVED and again.item.decided_by == "ana"
     store = desk.moderation.app.store
-    assert [(n.topic, n.record_id) for n in await store.outbox()] == [("item.approved", media_id)]
-    trail = [(r.actor, r.outcome) for r in await store.audit_log(kind=ITEM, record_id=media_id)]
+    assert [(n.topic, n.record_id) for n in await store.records.outbox()] == [
+        ("item.approved", media_id)
+    ]
+    trail = [
+        (r.actor, r.outcome) for r in await store.records.audit_log(kind=ITEM, record_id=media_id)
+    ]
     assert trail == [("ana", "applied"), ("ana", "unchanged: approved")]
     assert await desk.review.claims("gala") == {}  # nobody holds a decided item
 
@@ -325,8 +331,10 @@ async def test_an_undo_sent_again_reopens_once_and_the_repeats_answer_as_one(
     for item in (first, again, later):
         assert item.state is ItemState.REVIEWABLE and item.reopened_by == "ana"
     store = desk.moderation.app.store
-    assert [n.topic for n in await store.outbox()] == ["item.approved", "item.reopened"]
-    trail = [(r.action, r.outcome) for r in await store.audit_log(kind=ITEM, record_id=media_id)]
+    assert [n.topic for n in await store.records.outbox()] == ["item.approved", "item.reopened"]
+    trail = [
+        (r.action, r.outcome) for r in await store.records.audit_log(kind=ITEM, record_id=media_id)
+    ]
     assert trail == [
         ("review.approved", "applied"),
         ("review.undone", "applied"),
@@ -364,7 +372,7 @@ async def test_signing_out_releases_every_claim_the_moderator_holds(desk: Desk) 
     }
     assert await desk.review.claims("fair") == {}
     assert (await desk.review.claim(first, "ben")).holder == "ben"  # free for others at once
-    rows = await desk.moderation.app.store.audit_log(kind=CLAIM, record_id=elsewhere)
+    rows = await desk.moderation.app.store.records.audit_log(kind=CLAIM, record_id=elsewhere)
     assert [(r.action, r.actor, r.outcome, dict(r.detail)) for r in rows][-1] == (
         "claim.released",
         "ana",

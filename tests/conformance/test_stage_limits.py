@@ -10,8 +10,8 @@ import pytest
 
 from headrace.policy import ManualClock
 from headrace.policy.errors import QueueFull
-from headrace.store.base import Store
-from headrace.store.types import (
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import (
     DEFER_DELAY,
     STAGE_FULL,
     AttemptOutcome,

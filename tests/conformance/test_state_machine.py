@@ -49,8 +49,8 @@ from headrace.policy import (
     Tier,
 )
 from headrace.policy.gate import GateStatistics
-from headrace.store.base import Store
-from headrace.store.types import (
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import (
     CANCELLED,
     LEASE_EXPIRED,
     POISON,

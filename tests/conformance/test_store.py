@@ -20,9 +20,9 @@ from headrace.policy import (
     UnknownGate,
 )
 from headrace.policy.errors import UnknownTask
-from headrace.store.ages import ReadyAges
-from headrace.store.base import Store
-from headrace.store.types import (
+from headrace.store.protocol.ages import ReadyAges
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import (
     MAX_DELAY,
     AttemptError,
     AttemptOutcome,

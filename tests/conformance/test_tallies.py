@@ -38,10 +38,10 @@ from hypothesis.stateful import (
 )
 
 from headrace.policy import ErrorClass, GateConfig, HeadraceError, ManualClock, Tier
-from headrace.store.ages import ReadyAges
-from headrace.store.base import Store
 from headrace.store.machine import FOLD_EVERY
-from headrace.store.types import (
+from headrace.store.protocol.ages import ReadyAges
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import (
     ACTIVE,
     AttemptError,
     AttemptOutcome,

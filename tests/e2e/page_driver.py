@@ -25,7 +25,7 @@ from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import FloatRect, Locator, Page, ViewportSize
 
 from headrace.pipelines.moderation.review import CLAIM
-from headrace.store.base import Store
+from headrace.store.protocol.tasks import Store
 from tests.integration.processes import read
 from tests.services import unavailable
 
@@ -139,7 +139,9 @@ def claims(server: Server) -> dict[str, str]:
     """Each claim record's state in the store (`held:<moderator>` or `free`), by media id."""
 
     async def query(store: Store) -> dict[str, str]:
-        return {r.id: r.state for r in await store.list_records(CLAIM, scope="gala", limit=500)}
+        return {
+            r.id: r.state for r in await store.records.list_records(CLAIM, scope="gala", limit=500)
+        }
 
     # Playwright's sync API keeps an event loop in this thread: the store is read in another.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:

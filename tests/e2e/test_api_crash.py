@@ -19,9 +19,9 @@ import pytest
 from headrace.pipelines.moderation import samples
 from headrace.pipelines.moderation.pipeline import ITEM
 from headrace.service.api.webhooks import DELIVERY, sign
-from headrace.store.base import Store
-from headrace.store.records import Record
-from headrace.store.types import TaskRecord
+from headrace.store.protocol.records import Record
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import TaskRecord
 from tests.integration.processes import read
 
 from .server import WEBHOOK_SECRET, Server, start, stop
@@ -137,8 +137,8 @@ async def drive(run: Run, tmp_path: Path, port: int) -> int:
 
 async def everything(store: Store) -> tuple[list[TaskRecord], list[Record], list[Record]]:
     tasks = await store.tasks(limit=100_000)
-    items = await store.list_records(ITEM, limit=10_000)
-    deliveries = await store.list_records(DELIVERY, limit=10_000)
+    items = await store.records.list_records(ITEM, limit=10_000)
+    deliveries = await store.records.list_records(DELIVERY, limit=10_000)
     return tasks, items, deliveries
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from headrace.store.types import Settings
+from headrace.store.protocol.types import Settings
 from headrace.store.urls import open_store
 from tests.integration.postgres import fresh_schema, reachable
 
@@ -91,6 +91,6 @@ async def deliveries(url: str) -> int:
     store = open_store(url)
     await store.open(Settings())
     try:
-        return len(await store.list_records("delivery"))
+        return len(await store.records.list_records("delivery"))
     finally:
         await store.close()

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import headrace as hr
-from headrace.store.types import TaskState
+from headrace.store.protocol.types import TaskState
 
 from .commands import ROOT, environment
 

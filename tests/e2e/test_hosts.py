@@ -40,9 +40,9 @@ import pytest
 
 from headrace.pipelines.moderation import samples
 from headrace.pipelines.moderation.pipeline import ITEM, ItemState
-from headrace.store.base import Store
-from headrace.store.records import Record
-from headrace.store.types import Attempt, AttemptOutcome, Settings, TaskRecord, TaskState
+from headrace.store.protocol.records import Record
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import Attempt, AttemptOutcome, Settings, TaskRecord, TaskState
 from headrace.store.urls import open_store
 from tests import objectstore
 from tests.integration.postgres import fresh_schema
@@ -314,7 +314,7 @@ async def until_settled(store: Store, burst: Burst) -> None:
     enough for the mended host to renew (and learn it lost its leases)."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        items = {r.id: r for r in await store.list_records(ITEM, limit=10_000)}
+        items = {r.id: r for r in await store.records.list_records(ITEM, limit=10_000)}
         settled = all(
             media_id in items and ItemState(items[media_id].state).settled
             for media_id in burst.acknowledged.values()
@@ -337,7 +337,7 @@ def read_everything(url: str) -> tuple[list[TaskRecord], list[Attempt], dict[str
         try:
             tasks = await store.tasks(limit=100_000)
             attempts = [a for task in tasks for a in await store.attempts(task.id)]
-            items = {r.id: r for r in await store.list_records(ITEM, limit=10_000)}
+            items = {r.id: r for r in await store.records.list_records(ITEM, limit=10_000)}
             return tasks, attempts, items
         finally:
             await store.close()
@@ -509,7 +509,7 @@ ASKING = """
 import asyncio, sys, time
 import psycopg
 from headrace.store.postgres import PostgresStore
-from headrace.store.types import Settings
+from headrace.store.protocol.types import Settings
 
 async def main(url: str) -> None:
     store = PostgresStore.from_url(url)
@@ -517,7 +517,7 @@ async def main(url: str) -> None:
     print("asking", flush=True)
     while True:  # as the store runs a verb again on another connection when one breaks
         try:
-            async with store._require_pool().connection() as conn:
+            async with store.sessions.pool().connection() as conn:
                 await conn.execute("SELECT pg_sleep(2)")
             break
         except psycopg.OperationalError:

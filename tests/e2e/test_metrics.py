@@ -23,7 +23,7 @@ import pytest
 
 import headrace as hr
 from headrace.policy import ErrorClass, ManualClock
-from headrace.store.types import AttemptError, Dead, NewTask, TaskState
+from headrace.store.protocol.types import AttemptError, Dead, NewTask, TaskState
 
 from . import prometheus, server
 from .commands import ROOT, headrace

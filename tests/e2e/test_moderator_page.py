@@ -13,8 +13,8 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from headrace.pipelines.moderation import samples
-from headrace.store.base import Store
-from headrace.store.records import AuditRow, OutboxRow
+from headrace.store.protocol.records import AuditRow, OutboxRow
+from headrace.store.protocol.tasks import Store
 from tests.integration.processes import read
 
 from . import root_network
@@ -137,7 +137,9 @@ def test_two_moderators_approving_one_item_at_once_converge(server: Server) -> N
 
 
 async def trail(store: Store, media_id: str) -> tuple[list[AuditRow], list[OutboxRow]]:
-    return await store.audit_log(record_id=media_id), await store.outbox(pending=False)
+    return await store.records.audit_log(record_id=media_id), await store.records.outbox(
+        pending=False
+    )
 
 
 def item_states(server: Server, ids: list[str]) -> dict[str, str]:

@@ -28,8 +28,8 @@ from playwright.async_api import ConsoleMessage, Error, Page, async_playwright
 
 from headrace.pipelines.moderation import samples
 from headrace.pipelines.moderation.review import REJECT_REASONS
-from headrace.store.base import Store
-from headrace.store.records import AuditRow, OutboxRow
+from headrace.store.protocol.records import AuditRow, OutboxRow
+from headrace.store.protocol.tasks import Store
 from tests.integration.postgres import fresh_schema, read_store
 from tests.integration.processes import read
 
@@ -290,7 +290,9 @@ def overlapping_holds(claims: list[AuditRow], decisions: list[AuditRow]) -> int:
 
 
 async def trail(store: Store) -> tuple[list[AuditRow], list[OutboxRow]]:
-    return await store.audit_log(limit=10_000), await store.outbox(pending=False, limit=10_000)
+    return await store.records.audit_log(limit=10_000), await store.records.outbox(
+        pending=False, limit=10_000
+    )
 
 
 @pytest.mark.timeout(600)

@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 import headrace as hr
+from headrace.store.protocol.types import Settings
 from headrace.store.sqlite import SQLiteStore
-from headrace.store.types import Settings
 
 from .commands import failure_line, headrace
 

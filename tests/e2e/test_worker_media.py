@@ -15,7 +15,7 @@ from headrace.pipelines.moderation import samples
 from headrace.pipelines.moderation.media import DirectoryBackend, MediaStore
 from headrace.pipelines.moderation.pipeline import Moderation
 from headrace.pipelines.moderation.scan import BuiltinScanner
-from headrace.store.types import TaskState
+from headrace.store.protocol.types import TaskState
 from tests.objectstore import CREDENTIALS
 
 from .commands import failure_line, headrace

@@ -7,8 +7,8 @@ import asyncio
 import multiprocessing
 from collections.abc import Callable, Sequence
 
-from headrace.store.base import Store
-from headrace.store.types import Attempt, ClaimResult, Succeeded, TaskState
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import Attempt, ClaimResult, Succeeded, TaskState
 
 # Store times are floats; a start exactly one window after another may round either way.
 EPSILON = 1e-6

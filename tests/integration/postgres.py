@@ -13,9 +13,9 @@ import psycopg
 from psycopg import sql
 
 from headrace.policy.clock import Clock
-from headrace.store.base import Store
 from headrace.store.postgres import PostgresStore
-from headrace.store.types import ACTIVE, Settings
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import ACTIVE, Settings
 from tests.services import unavailable
 
 T = TypeVar("T")

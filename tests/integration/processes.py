@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from headrace.store.base import Store
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import ACTIVE, Attempt, Settings, TaskRecord, TaskState
 from headrace.store.sqlite import SQLiteStore
-from headrace.store.types import ACTIVE, Attempt, Settings, TaskRecord, TaskState
 
 T = TypeVar("T")
 

@@ -15,7 +15,7 @@ from headrace.pipelines.moderation import samples
 from headrace.pipelines.moderation.pipeline import ITEM, Admission
 from headrace.service.api.uploads import SESSION_COOKIE, media_id_for
 from headrace.service.api.webhooks import sign
-from headrace.store.types import TaskState
+from headrace.store.protocol.types import TaskState
 
 from .api import (
     WEBHOOK_SECRET,
@@ -114,7 +114,7 @@ async def test_a_full_session_or_event_is_429_with_retry_after_and_the_item_decl
 
 
 async def uploader_media_id(h: Harness, key: str) -> str:
-    [token] = await h.moderation.app.store.list_records("token", scope="uploader")
+    [token] = await h.moderation.app.store.records.list_records("token", scope="uploader")
     return media_id_for(token.id, "gala", key)
 
 
@@ -138,7 +138,7 @@ async def test_an_admin_closes_an_event_and_it_takes_no_more_uploads(tmp_path: P
         upload = await h.upload()
         assert upload.status_code == 409 and error_code(upload) == "event_closed"
         assert not [p for p in (tmp_path / "media").rglob("blobs/*/*") if p.is_file()]
-        rows = await h.moderation.app.store.audit_log(kind="event", record_id="gala")
+        rows = await h.moderation.app.store.records.audit_log(kind="event", record_id="gala")
         assert [(r.action, r.actor, r.outcome) for r in rows] == [
             ("event.closed", "moderator", "denied"),
             ("event.closed", "admin", "applied"),
@@ -207,7 +207,7 @@ async def test_roles_are_scoped_to_events_and_denials_are_audited(tmp_path: Path
         assert wrong_event.status_code == 404
         denied = [
             (row.actor, row.action)
-            for row in await h.moderation.app.store.audit_log()
+            for row in await h.moderation.app.store.records.audit_log()
             if row.outcome == "denied"
         ]
         assert ("other-moderator", "read") in denied
@@ -293,10 +293,10 @@ async def test_two_moderators_approving_at_once_converge_with_one_notice(
         assert refused in ([], ["claimed"])
         assert {d["item"]["state"] for d in done} == {"approved"}
         store = h.moderation.app.store
-        rows = await store.audit_log(kind=ITEM, record_id=media_id)
+        rows = await store.records.audit_log(kind=ITEM, record_id=media_id)
         reviews = [row for row in rows if row.action == "review.approved"]
         assert len(reviews) == 2
-        notices = await store.outbox()
+        notices = await store.records.outbox()
         assert [(n.topic, n.record_id) for n in notices] == [("item.approved", media_id)]
         trail = await h.client.get(f"/v1/items/{media_id}/audit", headers=h.auth("moderator"))
         outcomes = sorted(row["outcome"] for row in trail.json())[-2:]
@@ -420,7 +420,7 @@ async def test_a_webhook_is_kept_once_and_acknowledged_again(tmp_path: Path) -> 
         again = await delivery(h, body)
         assert first.status_code == again.status_code == 200
         assert (first.json()["duplicate"], again.json()["duplicate"]) == (False, True)
-        kept = await h.moderation.app.store.list_records("delivery")
+        kept = await h.moderation.app.store.records.list_records("delivery")
         assert len(kept) == 1 and kept[0].body["remote_id"] == "job-9"
 
 
@@ -472,7 +472,7 @@ async def test_a_webhook_that_is_not_signed_fresh_and_whole_is_refused(
             h, body, skew=change.get("skew", 0.0), secret=change.get("secret", "")
         )
         assert (answer.status_code, error_code(answer)) == (status, code)
-        assert await h.moderation.app.store.list_records("delivery") == []
+        assert await h.moderation.app.store.records.list_records("delivery") == []
 
 
 async def test_a_webhook_of_an_unknown_provider_or_unsigned_is_refused(tmp_path: Path) -> None:
@@ -562,7 +562,7 @@ async def test_a_claim_keeps_another_moderator_off_until_an_admin_releases_it(
             f"/v1/items/{media_id}/reject", headers=h.auth("admin"), json={"reason": "offensive"}
         )
         assert done.status_code == 200 and done.json()["item"]["decision_reason"] == "offensive"
-        rows = await h.moderation.app.store.audit_log(kind="claim", record_id=media_id)
+        rows = await h.moderation.app.store.records.audit_log(kind="claim", record_id=media_id)
         assert [(r.action, r.actor, r.outcome) for r in rows] == [
             ("claim.taken", "moderator", "applied"),
             ("claim.taken", "admin", "unchanged: held:moderator"),
@@ -593,7 +593,7 @@ async def test_undo_within_the_window_then_an_admin_changes_the_decision(tmp_pat
             json={"decision": "reject", "reason": "a face shows"},
         )
         assert changed.status_code == 200 and changed.json()["state"] == "rejected"
-        topics = [n.topic for n in await h.moderation.app.store.outbox()]
+        topics = [n.topic for n in await h.moderation.app.store.records.outbox()]
         assert topics == [
             "item.approved",
             "item.reopened",

@@ -55,7 +55,7 @@ async def test_a_webhook_body_no_store_can_keep_is_a_4xx_naming_its_field(
     async with harness(tmp_path, url=store_url) as h:
         code, _, message = refusal(await h.deliver(raw))
         assert code == status and names in message, message
-        assert await h.moderation.app.store.list_records("delivery") == []
+        assert await h.moderation.app.store.records.list_records("delivery") == []
 
 
 async def test_a_webhook_id_sent_again_with_another_body_is_409_and_the_first_stands(
@@ -68,7 +68,7 @@ async def test_a_webhook_id_sent_again_with_another_body_is_409_and_the_first_st
         assert refusal(await h.deliver(other))[:2] == (409, "conflict")
         assert (await h.deliver(first)).json()["duplicate"] is True  # the same body: acknowledged
         store = h.moderation.app.store
-        [kept] = await store.list_records("delivery")
+        [kept] = await store.records.list_records("delivery")
         assert kept.body["remote_id"] == "job-a"
         assert await remote.delivery_of(store, "job-b") is None  # never acted on
         outcome = await remote.delivery_of(store, "job-a")
@@ -82,7 +82,7 @@ async def test_a_caption_no_store_can_keep_is_422_and_nothing_is_kept(
     async with harness(tmp_path, url=store_url) as h:
         status, code, message = refusal(await h.upload(caption=caption))
         assert (status, code) == (422, "invalid") and message.startswith("caption: holds a NUL")
-        assert await h.moderation.app.store.list_records(ITEM) == []
+        assert await h.moderation.app.store.records.list_records(ITEM) == []
 
 
 async def test_a_group_or_filter_with_a_nul_is_422_naming_it(

@@ -18,7 +18,7 @@ from headrace.pipelines.moderation import samples
 from headrace.pipelines.moderation.pipeline import Item, ItemState
 from headrace.service.api.auth import Role, create_token
 from headrace.service.api.uploads import SESSION_COOKIE
-from headrace.store.types import TaskState
+from headrace.store.protocol.types import TaskState
 
 from .api import Harness, error_code, harness
 

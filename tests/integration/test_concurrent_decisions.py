@@ -56,7 +56,7 @@ def statuses(answers: list[httpx.Response]) -> Counter[int]:
 
 async def trail(h: Harness, media_id: str) -> Counter[tuple[str, str]]:
     """An item's audit rows by action and outcome (`applied`, or `unchanged` whatever why)."""
-    rows = await h.moderation.app.store.audit_log(kind=ITEM, record_id=media_id)
+    rows = await h.moderation.app.store.records.audit_log(kind=ITEM, record_id=media_id)
     return Counter((row.action, row.outcome.split(":")[0]) for row in rows)
 
 
@@ -76,7 +76,7 @@ async def test_one_moderator_sending_each_decision_three_times_at_once_gets_it_a
                     if answer.json()["applied"]
                 )
                 assert applied == dict.fromkeys(ids, 1), action
-        outbox = await h.moderation.app.store.outbox(limit=1000)
+        outbox = await h.moderation.app.store.records.outbox(limit=1000)
         for media_id in ids:
             topics = [n.topic for n in outbox if n.record_id == media_id]
             assert topics == ["item.approved", "item.reopened", "item.rejected"]
@@ -114,7 +114,7 @@ async def test_two_moderators_deciding_against_each_other_get_one_200_and_one_40
         assert statuses(answers) == {200: ITEMS, 409: ITEMS}
         codes = Counter(error_code(a) for a in answers if a.status_code == 409)
         assert set(codes) <= {"claimed", "conflict"}
-        outbox = await store.outbox(limit=1000)
+        outbox = await store.records.outbox(limit=1000)
         for n, media_id in enumerate(ids):
             first, second = answers[2 * n], answers[2 * n + 1]
             assert sorted([first.status_code, second.status_code]) == [200, 409]
@@ -148,5 +148,5 @@ async def test_a_double_click_on_the_pages_approve_button_answers_both_clicks_as
         assert {answer.headers["location"].rsplit("&", 1)[-1] for answer in answers} == {
             "message=approved"
         }
-        outbox = await h.moderation.app.store.outbox(limit=1000)
+        outbox = await h.moderation.app.store.records.outbox(limit=1000)
         assert Counter(n.record_id for n in outbox) == dict.fromkeys(ids, 1)

@@ -16,7 +16,7 @@ from starlette.staticfiles import StaticFiles
 
 import headrace as hr
 from headrace.pipelines.moderation import samples
-from headrace.store.types import TaskState
+from headrace.store.protocol.types import TaskState
 
 from .api import Harness, harness, reviewable, sign_in
 

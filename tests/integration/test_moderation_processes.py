@@ -19,7 +19,7 @@ import pytest
 
 from headrace.pipelines.moderation import samples
 from headrace.pipelines.moderation.pipeline import DERIVE_VERSION, ItemState
-from headrace.store.types import AttemptOutcome
+from headrace.store.protocol.types import AttemptOutcome
 
 from .moderation_app import make_moderation
 from .processes import ROOT, everything, read, settled, stop, wait_until

@@ -68,10 +68,10 @@ async def test_notifications_are_sent_in_order_until_acknowledged(tmp_path: Path
         store = h.moderation.app.store
         async with httpx.AsyncClient(transport=relay.transport) as client:
             assert await relay.relay_once(store, client) is True  # refused: both wait
-            assert receiver.received == [] and len(await store.outbox()) == 2
+            assert receiver.received == [] and len(await store.records.outbox()) == 2
             assert await relay.relay_once(store, client) is False
             assert await relay.relay_once(store, client) is False  # nothing twice
-        assert await store.outbox() == []
+        assert await store.records.outbox() == []
     assert [(n["topic"], n["record_id"], n["scope"]) for n in receiver.received] == [
         ("item.approved", ids[0], "gala"),
         ("item.rejected", ids[1], "gala"),

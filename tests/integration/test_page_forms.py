@@ -40,7 +40,7 @@ def refused(answer: httpx.Response) -> bool:
 
 
 async def login_state(h: Harness, cookie: str) -> str:
-    found = await h.moderation.app.store.get_record(LOGIN, digest(cookie))
+    found = await h.moderation.app.store.records.get_record(LOGIN, digest(cookie))
     assert found is not None
     return found.state
 
@@ -109,7 +109,7 @@ async def sign_in_refused(h: Harness, form: dict[str, str]) -> None:
     assert answer.status_code == 403 and "text/html" in answer.headers["content-type"]
     assert "The sign-in form had expired" in answer.text
     assert LOGIN_COOKIE not in answer.cookies
-    assert await h.moderation.app.store.list_records(LOGIN) == []
+    assert await h.moderation.app.store.records.list_records(LOGIN) == []
     again = {"token": h.tokens["moderator"], "form_token": form_token_of(answer)}
     assert (await h.client.post("/login", data=again)).status_code == 303
 
@@ -161,7 +161,7 @@ async def test_a_sign_in_from_another_site_is_refused_with_the_form_again(
         assert "The form was sent from another site" in answer.text
         assert 'name="token"' in answer.text
         assert LOGIN_COOKIE not in answer.cookies
-        assert await h.moderation.app.store.list_records(LOGIN) == []
+        assert await h.moderation.app.store.records.list_records(LOGIN) == []
 
 
 @pytest.mark.parametrize("sender", FOREIGN)
@@ -311,7 +311,9 @@ async def test_the_page_calls_claim_decide_undo_and_decide_in_bulk(tmp_path: Pat
         ]
         changed = await h.client.get("/moderate/gala/new", params={"upto": 0, "since": 0})
         assert {c["media_id"]: c["state"] for c in changed.json()["changed"]}[first] == "approved"
-        topics = [n.topic for n in await h.moderation.app.store.outbox() if n.record_id == first]
+        topics = [
+            n.topic for n in await h.moderation.app.store.records.outbox() if n.record_id == first
+        ]
         assert topics == ["item.rejected", "item.reopened", "item.approved"]
 
 

@@ -15,8 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from headrace.store.base import Store
-from headrace.store.types import ACTIVE, Attempt, AttemptOutcome, Settings, TaskRecord, TaskState
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import (
+    ACTIVE,
+    Attempt,
+    AttemptOutcome,
+    Settings,
+    TaskRecord,
+    TaskState,
+)
 from headrace.store.urls import open_store
 from tests.integration import poison_app
 

@@ -43,7 +43,7 @@ def socket_options(conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
 
 async def pooled(store: PostgresStore) -> tuple[dict[str, int], dict[str, str]]:
     """A pooled connection's socket options and the parameters it was opened with."""
-    async with store._require_pool().connection() as conn:
+    async with store.sessions.pool().connection() as conn:
         return socket_options(conn), conn.info.get_parameters()
 
 
@@ -79,7 +79,7 @@ async def test_a_value_the_url_gives_wins() -> None:
 
 async def test_the_migration_connection_has_them_too() -> None:
     store = PostgresStore.from_url(reachable())  # `upgrade` opens what `_conninfo` names
-    async with await psycopg.AsyncConnection.connect(store._conninfo("headrace")) as conn:
+    async with await psycopg.AsyncConnection.connect(store.sessions.conninfo("headrace")) as conn:
         assert socket_options(conn) == expected()
 
 

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from psycopg.errors import IdleInTransactionSessionTimeout
 
-from headrace.store.machine import Transaction
-from headrace.store.machine.records import SEQ_LOCK
+from headrace.store.machine import Transaction, reads
+from headrace.store.machine.core import SEQ_LOCK
 from headrace.store.postgres import PostgresStore
-from headrace.store.types import Settings, TaskState
+from headrace.store.protocol.types import Settings, TaskState
 from tests.integration.postgres import fresh_schema
 
 pytestmark = [pytest.mark.anyio, pytest.mark.realtime]
@@ -44,7 +44,7 @@ async def opened(url: str) -> PostgresStore:
 async def test_the_pool_sessions_carry_the_limit(url: str) -> None:
     store = await opened(f"{url}&idle_in_transaction=2.5")
     try:
-        async with store._require_pool().connection() as conn:
+        async with store.sessions.pool().connection() as conn:
             found = await (
                 await conn.execute("SHOW idle_in_transaction_session_timeout")
             ).fetchone()
@@ -69,11 +69,13 @@ async def test_a_session_gone_quiet_holding_the_record_lock_is_ended(url: str) -
     here = await opened(url)
     cut = await opened(f"{url}&idle_in_transaction=0.5")
     try:
-        async with cut._require_pool().connection() as quiet:
+        async with cut.sessions.pool().connection() as quiet:
             await quiet.execute("BEGIN")
             await quiet.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [SEQ_LOCK])
             started = time.monotonic()
-            made = await asyncio.wait_for(here.put_record("item", "a", scope="s", state="new"), 10)
+            made = await asyncio.wait_for(
+                here.records.put_record("item", "a", scope="s", state="new"), 10
+            )
             waited = time.monotonic() - started
             with pytest.raises(IdleInTransactionSessionTimeout):
                 await quiet.execute("SELECT 1")  # the link is back: the session is gone
@@ -89,10 +91,12 @@ async def test_without_a_limit_the_quiet_session_holds_the_others_up(url: str) -
     here = await opened(url)
     cut = await opened(f"{url}&idle_in_transaction=0")
     try:
-        async with cut._require_pool().connection() as quiet:
+        async with cut.sessions.pool().connection() as quiet:
             async with quiet.transaction():
                 await quiet.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [SEQ_LOCK])
-                write = asyncio.create_task(here.put_record("item", "a", scope="s", state="new"))
+                write = asyncio.create_task(
+                    here.records.put_record("item", "a", scope="s", state="new")
+                )
                 await asyncio.sleep(QUIET_FOR)
                 assert not write.done()
             made = await asyncio.wait_for(write, 10)
@@ -111,10 +115,10 @@ async def test_a_verb_whose_process_stalled_past_the_limit_runs_again(url: str) 
     async def stalls_once(tx: Transaction) -> dict[TaskState, int]:
         nonlocal tries
         tries += 1
-        counts = await tx.counts(None)
+        counts = await reads.counts(tx, None)
         if tries == 1:
             await asyncio.sleep(0.8)  # a frozen event loop, as the server sees it
-        await tx.counts(None)
+        await reads.counts(tx, None)
         return counts
 
     try:

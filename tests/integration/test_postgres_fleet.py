@@ -14,9 +14,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from headrace.store.base import Store
 from headrace.store.postgres import PostgresStore
-from headrace.store.types import ACTIVE, Attempt, AttemptOutcome, Settings, TaskRecord, TaskState
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import (
+    ACTIVE,
+    Attempt,
+    AttemptOutcome,
+    Settings,
+    TaskRecord,
+    TaskState,
+)
 from tests.integration import fleet_app
 
 from .postgres import fresh_schema

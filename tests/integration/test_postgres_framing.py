@@ -33,13 +33,13 @@ async def store() -> AsyncIterator[PostgresStore]:
 
 async def flows(store: PostgresStore) -> list[str]:
     """The flows the store holds, read outside any verb (the pool's sessions use its schema)."""
-    async with store._require_pool().connection() as conn:
+    async with store.sessions.pool().connection() as conn:
         rows = await (await conn.execute("SELECT flow FROM flows ORDER BY flow")).fetchall()
     return [row["flow"] for row in rows]
 
 
 async def open_transactions(store: PostgresStore) -> int:
-    async with store._require_pool().connection() as conn:
+    async with store.sessions.pool().connection() as conn:
         found = await (
             await conn.execute(
                 "SELECT count(*) AS n FROM pg_stat_activity"

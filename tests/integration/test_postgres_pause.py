@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from headrace.store.types import AttemptOutcome, TaskState
+from headrace.store.protocol.types import AttemptOutcome, TaskState
 from tests.integration.slow_app import make_app
 
 from .postgres import fresh_schema, read_store, settled

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from headrace.store import sql
+from headrace.store.machine import sql
 from headrace.store.postgres import QUERIES, PostgresStore
-from headrace.store.postgres.store import PREPARE_THRESHOLD, PREPARED_MAX
-from headrace.store.types import NewTask
+from headrace.store.postgres.sessions import PREPARE_THRESHOLD, PREPARED_MAX
+from headrace.store.protocol.types import NewTask
 from tests.integration.postgres import opened_store
 
 pytestmark = pytest.mark.anyio
@@ -33,7 +33,7 @@ async def store() -> AsyncIterator[PostgresStore]:
 async def prepared(store: PostgresStore) -> dict[str, tuple[int, int]]:
     """The statements the store's one connection has prepared, by text: generic and custom
     plans made so far."""
-    async with store._require_pool().connection() as conn:
+    async with store.sessions.pool().connection() as conn:
         cursor = await conn.execute(
             "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements",
             prepare=False,
@@ -68,6 +68,6 @@ async def test_the_pool_prepares_at_once_and_keeps_every_named_statement(
     store: PostgresStore,
 ) -> None:
     assert len(sql.load_queries(QUERIES)) < PREPARED_MAX
-    async with store._require_pool().connection() as conn:
+    async with store.sessions.pool().connection() as conn:
         assert conn.prepare_threshold == PREPARE_THRESHOLD == 0
         assert conn.prepared_max == PREPARED_MAX

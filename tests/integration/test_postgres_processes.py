@@ -25,7 +25,7 @@ import pytest
 
 from headrace.policy import GateConfig, Rate
 from headrace.store.postgres import PostgresStore
-from headrace.store.types import (
+from headrace.store.protocol.types import (
     AttemptOutcome,
     AwaitRemote,
     NewTask,

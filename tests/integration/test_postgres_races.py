@@ -22,7 +22,7 @@ from headrace.policy.errors import KeyConflict
 from headrace.store.machine.claim import first_batch
 from headrace.store.memory import MemoryStore
 from headrace.store.postgres import PostgresStore
-from headrace.store.types import NewTask, Settings, Sibling, Succeeded, TaskState
+from headrace.store.protocol.types import NewTask, Settings, Sibling, Succeeded, TaskState
 from tests.integration.postgres import fresh_schema
 
 pytestmark = pytest.mark.anyio
@@ -375,16 +375,16 @@ async def test_a_list_of_records_never_gains_one_before_what_it_has_shown(
 
     async def write(store: PostgresStore, name: str) -> None:
         for n in range(40):
-            made = await store.put_record("item", f"{name}{n}", scope="s", state="new")
+            made = await store.records.put_record("item", f"{name}{n}", scope="s", state="new")
             returned[(made.record.id, 0)] = made.record.seq
-            moved = await store.change_record("item", f"{name}{n}", state="seen")
+            moved = await store.records.change_record("item", f"{name}{n}", state="seen")
             returned[(moved.record.id, 1)] = moved.record.seq
 
     async def read() -> None:
         shown: set[tuple[str, int]] = set()
         top = 0
         while not done.is_set():
-            found = await writers[0].list_records("item", limit=10_000)
+            found = await writers[0].records.list_records("item", limit=10_000)
             now = {(r.id, r.seq) for r in found}
             broken.extend((seq, top) for _, seq in now - shown if seq <= top)
             shown, top = now, max((seq for _, seq in now), default=0)
@@ -396,5 +396,5 @@ async def test_a_list_of_records_never_gains_one_before_what_it_has_shown(
         done.set()
         await reader
     assert broken == []
-    final = {r.id: r.seq for r in await writers[0].list_records("item", limit=10_000)}
+    final = {r.id: r.seq for r in await writers[0].records.list_records("item", limit=10_000)}
     assert all(final[record_id] == returned[(record_id, 1)] for record_id in final)

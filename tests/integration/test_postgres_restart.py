@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from headrace.store.base import Store
-from headrace.store.types import Attempt, AttemptOutcome, TaskState
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import Attempt, AttemptOutcome, TaskState
 from tests.integration.slow_app import make_app
 
 from .postgres import fresh_schema, reachable, read_store, settled

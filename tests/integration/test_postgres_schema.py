@@ -17,9 +17,9 @@ from psycopg.rows import DictRow, dict_row
 
 from headrace.policy import ConfigError, StoreError
 from headrace.policy.errors import KeyConflict, SchemaTooNew, StoreUnavailable
-from headrace.store import sql
+from headrace.store.machine import sql
 from headrace.store.postgres import MIGRATIONS, QUERIES, PostgresStore, migrate, split_url
-from headrace.store.types import AttemptOutcome, NewTask, Settings, TaskState
+from headrace.store.protocol.types import AttemptOutcome, NewTask, Settings, TaskState
 from headrace.store.urls import open_store
 from tests.conformance.conftest import drop_schemas, postgres_reachable
 
@@ -127,7 +127,7 @@ async def apply_declared(conn: Connection, schema: str) -> None:
     async with conn.transaction():
         await conn.execute(pgsql.SQL("CREATE SCHEMA {}").format(pgsql.Identifier(schema)))
         await conn.execute("SELECT set_config('search_path', quote_ident(%s), true)", [schema])
-        script = sql.read_text("postgres/schema.sql")
+        script = sql.read_text("postgres/sql/schema.sql")
         for statement in sql.split_statements(script, dialect="postgres"):
             await conn.execute(statement)
 
@@ -337,7 +337,7 @@ def test_urls_carry_headrace_options_apart_from_libpq_ones() -> None:
     assert dsn == "postgresql://u:secret@db:5433/app?sslmode=require"
     assert options == {"schema": "hr", "pool_max": "3"}
     store = PostgresStore.from_url("postgres://u:secret@db/app?schema=hr&pool_min=2&pool_max=3")
-    assert (store.schema, store.pool_min, store.pool_max) == ("hr", 2, 3)
+    assert (store.schema, store.sessions.pool_min, store.sessions.pool_max) == ("hr", 2, 3)
     assert not store.durable_claims
     assert PostgresStore.from_url("postgresql://db/app?durable_claims=true").durable_claims
     assert "secret" not in repr(store)
@@ -348,10 +348,9 @@ def test_urls_carry_headrace_options_apart_from_libpq_ones() -> None:
         PostgresStore("postgresql://db/app", pool_min=4, pool_max=2)
     with pytest.raises(ConfigError, match="durable_claims must be true or false"):
         PostgresStore.from_url("postgresql://db/app?durable_claims=maybe")
-    assert store.idle_in_transaction == 10.0
-    assert (
-        PostgresStore.from_url("postgresql://db/app?idle_in_transaction=0").idle_in_transaction == 0
-    )
+    assert store.sessions.idle_in_transaction == 10.0
+    quiet = PostgresStore.from_url("postgresql://db/app?idle_in_transaction=0")
+    assert quiet.sessions.idle_in_transaction == 0
     for bad in ("soon", "-1", "inf", "nan"):
         with pytest.raises(ConfigError, match="idle_in_transaction must be seconds >= 0"):
             PostgresStore.from_url(f"postgresql://db/app?idle_in_transaction={bad}")

@@ -13,8 +13,9 @@ import pytest
 from headrace.policy.clock import ManualClock
 from headrace.policy.tiers import Tier
 from headrace.store.machine import FOLD_EVERY, SWEEP_EVERY, Transaction
+from headrace.store.machine import claim as claim_steps
 from headrace.store.postgres import PostgresStore
-from headrace.store.types import NewTask, Settings, TaskState
+from headrace.store.protocol.types import NewTask, Settings, TaskState
 from tests.integration.postgres import opened_store
 
 pytestmark = pytest.mark.anyio
@@ -36,13 +37,13 @@ def clock() -> ManualClock:
 def sweeps(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Each sweep transaction a store runs, by whether it folded the tallies."""
     ran: list[bool] = []
-    sweep = Transaction.sweep
+    sweep = claim_steps.sweep
 
     async def counted(tx: Transaction, *, fold: bool = False) -> float:
         ran.append(fold)
         return await sweep(tx, fold=fold)
 
-    monkeypatch.setattr(Transaction, "sweep", counted)
+    monkeypatch.setattr(claim_steps, "sweep", counted)
     return ran
 
 

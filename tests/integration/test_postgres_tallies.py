@@ -15,9 +15,9 @@ import pytest
 from psycopg import sql as pgsql
 from psycopg.rows import DictRow, dict_row
 
-from headrace.store import sql
+from headrace.store.machine import sql
 from headrace.store.postgres import QUERIES, PostgresStore
-from headrace.store.types import NewTask, Settings, TaskState
+from headrace.store.protocol.types import NewTask, Settings, TaskState
 from tests.conformance.conftest import drop_schemas, postgres_reachable
 
 pytestmark = pytest.mark.anyio

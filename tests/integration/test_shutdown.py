@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from headrace.store.types import TaskState
+from headrace.store.protocol.types import TaskState
 from tests.integration.slow_app import make_app
 
 from .processes import ROOT, counts, read, stop, wait_until

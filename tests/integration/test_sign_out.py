@@ -58,7 +58,7 @@ async def test_signing_out_frees_the_items_the_moderator_held_for_others_at_once
                 f"/v1/items/{media_id}/approve", headers=h.auth("moderator-2")
             )
             assert answer.status_code == 200 and answer.json()["applied"] is True
-        rows = await h.moderation.app.store.audit_log(kind=CLAIM, record_id=first)
+        rows = await h.moderation.app.store.records.audit_log(kind=CLAIM, record_id=first)
         assert [(r.action, r.actor, r.outcome, dict(r.detail)) for r in rows][-2:] == [
             ("claim.released", "moderator", "applied", {"reason": "signed out"}),
             ("claim.taken", "moderator-2", "applied", {}),

@@ -22,14 +22,14 @@ import pytest
 
 import headrace as hr
 from headrace.policy import GateConfig, Rate, StoreError
-from headrace.store.sqlite import SQLiteStore
-from headrace.store.sqlite.wake import channel_directory
-from headrace.store.types import (
+from headrace.store.protocol.types import (
     AttemptOutcome,
     NewTask,
     Settings,
     TaskState,
 )
+from headrace.store.sqlite import SQLiteStore
+from headrace.store.sqlite.wake import channel_directory
 
 from .gatecheck import (
     claim_and_finish,

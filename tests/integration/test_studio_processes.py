@@ -15,7 +15,7 @@ import pytest
 from examples.studio_app import make_studio
 
 from headrace.pipelines.providersim import STUDIO_QUOTAS
-from headrace.store.types import AttemptOutcome, TaskState
+from headrace.store.protocol.types import AttemptOutcome, TaskState
 
 from .processes import (
     Simulator,

@@ -11,7 +11,7 @@ import pytest
 
 import headrace as hr
 from headrace.policy import ConfigError
-from headrace.store.types import AttemptOutcome, TaskState
+from headrace.store.protocol.types import AttemptOutcome, TaskState
 
 pytestmark = pytest.mark.anyio
 

@@ -8,7 +8,7 @@ from rich.console import Console
 
 from headrace.service.demo import GroupBars
 from headrace.service.tables import groups_table
-from headrace.store.types import GroupReport, TaskState
+from headrace.store.protocol.types import GroupReport, TaskState
 
 
 def report(**counts: int) -> GroupReport:

@@ -12,9 +12,15 @@ from hypothesis import strategies as st
 import headrace as hr
 from headrace.policy.errors import ConfigError, KeyConflict
 from headrace.policy.tiers import Tier
-from headrace.store import idempotency
-from headrace.store.idempotency import FIELDS, KnownKey, first_difference, payload_digest, plan
-from headrace.store.types import NewTask, Sibling, Submitted
+from headrace.store.machine import idempotency
+from headrace.store.machine.idempotency import (
+    FIELDS,
+    KnownKey,
+    first_difference,
+    payload_digest,
+    plan,
+)
+from headrace.store.protocol.types import NewTask, Sibling, Submitted
 
 GATES = ("free", "provider:image", "provider:video", "session:a")
 

@@ -19,7 +19,7 @@ from headrace.pipelines.moderation.originals import MISSING, SETTLING
 from headrace.pipelines.moderation.pipeline import Item, ItemState, Moderation
 from headrace.pipelines.moderation.scan import BuiltinScanner
 from headrace.policy.retry import RetryPolicy
-from headrace.store.types import Attempt, AttemptOutcome, TaskRecord, TaskState
+from headrace.store.protocol.types import Attempt, AttemptOutcome, TaskRecord, TaskState
 
 pytestmark = pytest.mark.anyio
 

@@ -27,7 +27,7 @@ from headrace.pipelines.moderation.probe import CORRUPT, DECODER_BASE, MediaClas
 from headrace.pipelines.moderation.scan import EICAR_NAME, BuiltinScanner
 from headrace.policy import ConfigError
 from headrace.policy.errors import QueueFull
-from headrace.store.types import TaskState
+from headrace.store.protocol.types import TaskState
 
 pytestmark = pytest.mark.anyio
 
@@ -270,7 +270,7 @@ async def test_two_decisions_on_one_item_converge_and_both_are_audited(
         with pytest.raises(ConfigError, match="cannot be rejected, it is approved"):
             await moderation.review(item.media_id, approve=False, by="mod2")
         audit = await moderation.records.audit(item.media_id)
-        notices = await app.store.outbox()
+        notices = await app.store.records.outbox()
     assert [(row.actor, row.outcome) for row in audit] == [
         ("mod1", "unchanged: accepted"),
         ("mod1", "applied"),

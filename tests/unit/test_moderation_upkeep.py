@@ -33,7 +33,7 @@ from headrace.pipelines.moderation.upkeep import (
 from headrace.policy import ConfigError
 from headrace.policy.retention import DAY, Retention
 from headrace.runtime.pruner import Pruner
-from headrace.store.records import Record
+from headrace.store.protocol.records import Record
 
 pytestmark = pytest.mark.anyio
 
@@ -121,7 +121,7 @@ async def test_a_closed_event_takes_no_upload_and_its_settled_items_go_after_the
         assert not await close_event(store, "gala", by="admin")
         with pytest.raises(EventClosed):
             await moderation.accept_bytes(samples.png(), event="gala", session="s3")
-        actions = [(row.action, row.outcome) for row in await store.audit_log(kind="event")]
+        actions = [(row.action, row.outcome) for row in await store.records.audit_log(kind="event")]
         assert actions == [("event.closed", "applied"), ("event.closed", "unchanged: closed")]
         await asyncio.sleep(31 * DAY)
         removed = await prune(moderation)
@@ -194,17 +194,17 @@ async def test_which_items_hold_an_original_is_read_by_digest_not_by_every_item(
             await moderation.accept_bytes(samples.jpeg(shade=n + 1), event="gala", session="x")
         # An item kept before holds were written: the first look gives it one, once.
         old = await moderation.accept_bytes(samples.png(), event="gala", session="old")
-        await store.delete_records(HOLD, [old.media_id])
+        await store.records.delete_records(HOLD, [old.media_id])
         assert await moderation.naming({old.digest}, leaving=()) == {old.digest: [old.media_id]}
 
         listed: list[str] = []
-        list_records = store.list_records
+        list_records = store.records.list_records
 
         async def counting(kind: str, **options: Any) -> list[Record]:
             listed.append(kind)
             return await list_records(kind, **options)
 
-        monkeypatch.setattr(store, "list_records", counting)
+        monkeypatch.setattr(store.records, "list_records", counting)
         found = await moderation.naming({first.digest}, leaving={first.media_id})
         assert found == {first.digest: [second.media_id]}
         assert listed == [HOLD]  # one read by digest, no item listed

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headrace.policy.errors import ConfigError
-from headrace.store.types import MAX_DELAY, NewTask, Sibling
+from headrace.store.protocol.types import MAX_DELAY, NewTask, Sibling
 
 
 def task(**fields: Any) -> NewTask:

@@ -12,7 +12,7 @@ import headrace as hr
 from headrace.policy.errors import ConfigError, HeadraceError
 from headrace.runtime.prefetch import Prefetch
 from headrace.store.memory import MemoryStore
-from headrace.store.types import AttemptOutcome, ClaimResult, Lease, Outcome, TaskState
+from headrace.store.protocol.types import AttemptOutcome, ClaimResult, Lease, Outcome, TaskState
 
 pytestmark = pytest.mark.anyio
 

@@ -14,7 +14,7 @@ from headrace.policy.errors import PrunerBusy
 from headrace.policy.retention import DAY, Retention
 from headrace.runtime.prunehooks import PruneRun
 from headrace.runtime.pruner import Pruner
-from headrace.store.pruning import SUCCEEDED_TASKS
+from headrace.store.protocol.pruning import SUCCEEDED_TASKS
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""The age sample (store/ages.py) against every age: exact while every age is sampled, and
+"""The age sample (store/protocol/ages.py) against every age: exact while every age is sampled, and
 exact wherever the answer falls outside the span between the sampled ends; inside it, off by
 no more than the unsampled tasks."""
 
@@ -9,7 +9,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from headrace.store.ages import ReadyAges, quantile
+from headrace.store.protocol.ages import ReadyAges, quantile
 
 AGES = st.lists(st.integers(0, 400).map(lambda n: n / 4), min_size=1, max_size=60)
 BOUNDS = st.integers(-4, 404).map(lambda n: n / 4)

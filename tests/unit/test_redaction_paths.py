@@ -12,7 +12,7 @@ from rich.console import Console
 
 import headrace as hr
 from headrace.service.dlq import attempts_table, letters_table, task_table
-from headrace.store.types import TaskState
+from headrace.store.protocol.types import TaskState
 
 pytestmark = pytest.mark.anyio
 

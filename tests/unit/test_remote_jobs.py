@@ -17,7 +17,7 @@ from headrace.pipelines.providers import MiniMaxClient, in_process
 from headrace.pipelines.providersim import ProviderSimulator
 from headrace.runtime import remote
 from headrace.store.memory import MemoryStore
-from headrace.store.types import AttemptOutcome, Lease, Outcome, TaskState
+from headrace.store.protocol.types import AttemptOutcome, Lease, Outcome, TaskState
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,7 @@ from headrace.policy.durations import seconds, spoken
 from headrace.policy.retention import DAY, SIGN_IN_LIFETIME, Retention, shown
 from headrace.runtime import remote
 from headrace.service.api import auth, webhooks
-from headrace.store import pruning
+from headrace.store.protocol import pruning
 
 
 def test_the_defaults_keep_a_day_of_history_and_a_month_of_dead_letters() -> None:

@@ -7,8 +7,8 @@ import random
 from typing import Any
 
 from headrace.policy.tiers import Tier
-from headrace.store.rows import TASK_COLUMNS, Candidate, candidates_of, task_of, tasks_of
-from headrace.store.types import TaskRecord, TaskState
+from headrace.store.machine.rows import TASK_COLUMNS, Candidate, candidates_of, task_of, tasks_of
+from headrace.store.protocol.types import TaskRecord, TaskState
 
 
 def test_a_task_row_fills_every_field_of_its_record() -> None:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from headrace.store import sql
+from headrace.store.machine import sql
+from headrace.store.protocol.types import NewTask, Settings
 from headrace.store.sqlite import SQLiteStore
 from headrace.store.sqlite.checkpoint import Checkpointer
 from headrace.store.sqlite.connection import QUERIES, connect
-from headrace.store.types import NewTask, Settings
 
 pytestmark = pytest.mark.anyio
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from headrace.store.protocol.types import Settings
 from headrace.store.sqlite import SQLiteStore, handoff
-from headrace.store.types import Settings
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,8 @@ import pytest
 
 from headrace.policy import ConfigError, KeyConflict, ManualClock, StoreError
 from headrace.policy.errors import SchemaTooNew
-from headrace.store import sql
+from headrace.store.machine import sql
+from headrace.store.protocol.types import AttemptOutcome, NewTask, Settings, TaskState
 from headrace.store.sqlite import SQLiteStore
 from headrace.store.sqlite.connection import (
     MIGRATIONS,
@@ -22,7 +23,6 @@ from headrace.store.sqlite.connection import (
     path_from_url,
     scripts,
 )
-from headrace.store.types import AttemptOutcome, NewTask, Settings, TaskState
 
 Schema = list[tuple[str, str, str, str]]
 
@@ -69,7 +69,7 @@ def migrated(tmp_path: Path, queries: dict[str, sql.Query]) -> Iterator[sqlite3.
 @pytest.fixture
 def declared(tmp_path: Path) -> Iterator[sqlite3.Connection]:
     connection = sqlite3.connect(tmp_path / "declared.db")
-    connection.executescript(sql.read_text("sqlite/schema.sql"))
+    connection.executescript(sql.read_text("sqlite/sql/schema.sql"))
     yield connection
     connection.close()
 

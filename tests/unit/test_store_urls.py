@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from headrace.store.urls import hide_passwords
+from headrace.policy.redact import hide_passwords
 
 
 @pytest.mark.parametrize(

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
+from headrace.store.protocol.types import NewTask, Settings
 from headrace.store.sqlite import SQLiteStore
 from headrace.store.sqlite.wake import WakeChannel, channel_directory
-from headrace.store.types import NewTask, Settings
 
 pytestmark = [pytest.mark.anyio, pytest.mark.realtime]
 

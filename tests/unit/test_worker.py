@@ -13,7 +13,7 @@ import headrace as hr
 from headrace.policy.errors import StoreUnavailable
 from headrace.policy.gate import default_guard
 from headrace.store.memory import MemoryStore
-from headrace.store.types import (
+from headrace.store.protocol.types import (
     AttemptOutcome,
     ClaimResult,
     KindLimit,

@@ -18,12 +18,12 @@ from headrace.pipelines.providersim import Latency
 from headrace.pipelines.studio import Studio, StudioConfig, build, lower_bound
 from headrace.policy.errors import ConfigError, ErrorClass
 from headrace.policy.gate import GateStatistics
+from headrace.policy.redact import hide_passwords
 from headrace.policy.tiers import Tier
 from headrace.runtime.app import App
 from headrace.runtime.worker import Worker, WorkerStats
-from headrace.store.base import Store
-from headrace.store.types import Attempt, AttemptOutcome, GroupReport, TaskRecord
-from headrace.store.urls import hide_passwords
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import Attempt, AttemptOutcome, GroupReport, TaskRecord
 
 POSTERS = "posters"
 

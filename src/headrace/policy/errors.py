@@ -183,7 +183,8 @@ class SchemaTooNew(StoreError):
 
 
 class PrunerBusy(StoreError):
-    """Another process holds the pruner's lease (store/pruning.py): one prunes at a time."""
+    """Another process holds the pruner's lease (store/protocol/pruning.py): one prunes at a
+    time."""
 
     def __init__(self, holder: str, left: float) -> None:
         super().__init__(

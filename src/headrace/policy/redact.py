@@ -154,3 +154,14 @@ def _decodings(text: str) -> list[str]:
         forms.append(decoded)
         current = decoded
     return forms
+
+
+# A URL's password, wherever it appears in a text: `scheme://user:password@` or `?password=`.
+_URL_PASSWORD = re.compile(r"\b([a-z][a-z0-9+.-]*://[^\s/@:]*):[^\s/]*@", re.IGNORECASE)
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&\s]*", re.IGNORECASE)
+
+
+def hide_passwords(text: str) -> str:
+    """`text` (a store URL, or a message that quotes one) with every URL's password shown as
+    `***`: what a log line or an error message may print."""
+    return _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1:***@", text))

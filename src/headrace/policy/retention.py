@@ -5,7 +5,7 @@ command line (`--retention dead=14d`, `HEADRACE_RETENTION`).
 
 Ages count from when a row was last final: a task's `finished_at`, a notice's delivery, a
 record's last change, an audit row's writing. What is never pruned, whatever the ages, is the
-store's business (store/pruning.py): a task that is not final, one a task still to finish
+store's business (store/machine/plans.py): a task that is not final, one a task still to finish
 depends on, one a redrive could bring back.
 """
 

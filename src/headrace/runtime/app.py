@@ -24,8 +24,15 @@ from headrace.runtime.classes import check_class_name
 from headrace.runtime.context import Context
 from headrace.runtime.prunehooks import PruneHook
 from headrace.runtime.results import Pending, RemoteWait, Result
-from headrace.store.base import Store
-from headrace.store.types import NewTask, Settings, Sibling, StageLimits, Submitted, check_text
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import (
+    NewTask,
+    Settings,
+    Sibling,
+    StageLimits,
+    Submitted,
+    check_text,
+)
 from headrace.store.urls import open_store
 
 HandlerResult = Result | RemoteWait | None

@@ -21,7 +21,7 @@ from headrace.runtime.polls import Polls
 from headrace.runtime.results import RemoteWait, Result
 from headrace.runtime.settings import WorkerSettings
 from headrace.runtime.slots import Slots
-from headrace.store.types import (
+from headrace.store.protocol.types import (
     AttemptError,
     AwaitRemote,
     Dead,

@@ -13,8 +13,8 @@ from headrace.runtime.app import App
 from headrace.runtime.completions import Completions
 from headrace.runtime.settings import WorkerSettings
 from headrace.runtime.slots import Slots
-from headrace.store.dispatch import earliest
-from headrace.store.types import ClaimResult, KindLimit, MemoryRoom
+from headrace.store.machine.dispatch import earliest
+from headrace.store.protocol.types import ClaimResult, KindLimit, MemoryRoom
 
 
 class Claims:

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from headrace.policy.errors import ConfigError
-from headrace.store.types import KindLimit
+from headrace.store.protocol.types import KindLimit
 
 DEFAULT_CLASSES: Mapping[str, int] = {"image": 6, "audio": 2, "video": 2}
 _NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")

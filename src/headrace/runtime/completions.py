@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from headrace.policy.errors import HeadraceError
-from headrace.store.base import Store
-from headrace.store.types import Lease, Outcome
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import Lease, Outcome
 
 MAX_BATCH = 256
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from headrace.policy.durations import Duration, seconds
 from headrace.policy.tiers import Tier
 from headrace.runtime.results import Delivery, RemoteWait
-from headrace.store.types import Lease, NewTask, Sibling, TaskRecord
+from headrace.store.protocol.types import Lease, NewTask, Sibling, TaskRecord
 
 if TYPE_CHECKING:
     from headrace.runtime.app import App, TaskDefinition

@@ -12,7 +12,7 @@ from collections.abc import Collection
 from headrace.policy.errors import ErrorClass, LeaseLost, StoreUnavailable
 from headrace.runtime.app import App
 from headrace.runtime.slots import Slots
-from headrace.store.types import AttemptError, Lease, Outcome, PollAgain, Retry, TaskState
+from headrace.store.protocol.types import AttemptError, Lease, Outcome, PollAgain, Retry, TaskState
 
 log = logging.getLogger("headrace.worker")
 

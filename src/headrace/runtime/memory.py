@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from headrace.policy.errors import ConfigError
-from headrace.store.types import Lease, MemoryRoom
+from headrace.store.protocol.types import Lease, MemoryRoom
 
 KIB = 1024
 MIB = 1024 * KIB

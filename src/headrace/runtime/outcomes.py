@@ -8,7 +8,7 @@ import re
 
 from headrace.policy.errors import ConfigError, ErrorClass, TaskFailure, Transient
 from headrace.policy.redact import redact
-from headrace.store.types import (
+from headrace.store.protocol.types import (
     AttemptError,
     AwaitRemote,
     Dead,

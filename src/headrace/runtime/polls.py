@@ -6,7 +6,7 @@ from __future__ import annotations
 from headrace.runtime.app import App
 from headrace.runtime.settings import WorkerSettings
 from headrace.runtime.slots import Body, Slots
-from headrace.store.types import ClaimResult
+from headrace.store.protocol.types import ClaimResult
 
 
 class Polls:

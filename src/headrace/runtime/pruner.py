@@ -1,5 +1,5 @@
-"""The pruner: removes what an app's `Retention` says is old enough (store/pruning.py), then
-runs the prune hooks its pipelines registered (`App.on_prune`: a pipeline's records and files,
+"""The pruner: removes what an app's `Retention` says is old enough (store/protocol/pruning.py),
+then runs the prune hooks its pipelines registered (`App.on_prune`: a pipeline's records and files,
 its own sweeps), one process of a store at a time.
 
 Workers run it every `retention.every` (`Worker` checks a few times per period; the store's

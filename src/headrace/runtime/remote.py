@@ -23,8 +23,8 @@ from headrace.runtime.calls import call
 from headrace.runtime.context import Context
 from headrace.runtime.results import Delivery as Delivery  # remote.Delivery, as before
 from headrace.runtime.results import Pending, Result
-from headrace.store.base import Store
-from headrace.store.types import Outcome, PollAgain, Succeeded
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import Outcome, PollAgain, Succeeded
 
 log = logging.getLogger("headrace.worker")
 
@@ -50,7 +50,7 @@ async def deliver(
     """Keep how a remote job ended (the first word on it stands) and make the tasks waiting on
     it due for a check now; return how many. Their check reads it (`Context.delivery`) instead
     of asking the provider; a stage without a poller is resolved by it alone."""
-    await store.put_record(
+    await store.records.put_record(
         REMOTE,
         remote_key(remote_id),
         scope=provider,
@@ -61,7 +61,7 @@ async def deliver(
 
 
 async def delivery_of(store: Store, remote_id: str) -> Delivery | None:
-    found = await store.get_record(REMOTE, remote_key(remote_id))
+    found = await store.records.get_record(REMOTE, remote_key(remote_id))
     if found is None:
         return None
     return Delivery(found.scope, found.state == "succeeded", found.body.get("result"))

@@ -10,7 +10,7 @@ from headrace.policy.errors import StoreUnavailable
 from headrace.runtime.app import App
 from headrace.runtime.settings import WorkerSettings
 from headrace.runtime.slots import Slots
-from headrace.store.types import Lease
+from headrace.store.protocol.types import Lease
 
 log = logging.getLogger("headrace.worker")
 

@@ -19,7 +19,7 @@ from headrace.runtime.completions import Completions
 from headrace.runtime.prefetch import Prefetch
 from headrace.runtime.settings import WorkerSettings
 from headrace.runtime.stats import WorkerStats
-from headrace.store.types import ClaimResult, Lease
+from headrace.store.protocol.types import ClaimResult, Lease
 
 Body = Callable[[Lease], Coroutine[Any, Any, None]]
 Registry = dict[int, asyncio.Task[None]]

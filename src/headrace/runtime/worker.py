@@ -35,8 +35,8 @@ from headrace.runtime.settings import WorkerOptions, WorkerSettings
 from headrace.runtime.shutdown import Shutdown
 from headrace.runtime.slots import LoopState, Slots
 from headrace.runtime.stats import WorkerStats
-from headrace.store.dispatch import earliest
-from headrace.store.types import ACTIVE, Lease
+from headrace.store.machine.dispatch import earliest
+from headrace.store.protocol.types import ACTIVE, Lease
 
 log = logging.getLogger("headrace.worker")
 

@@ -17,9 +17,9 @@ from rich.table import Table
 from headrace.pipelines.providers import MiniMaxClient
 from headrace.pipelines.providersim import Latency, ProviderSimulator, ProviderStats, SimServer
 from headrace.pipelines.studio_scenario import Scenario, ScenarioReport, run_scenario
+from headrace.policy.redact import hide_passwords
 from headrace.service.tables import groups_table
-from headrace.store.types import GroupReport, TaskState
-from headrace.store.urls import hide_passwords
+from headrace.store.protocol.types import GroupReport, TaskState
 
 SIM_API_KEY = "sim-local-key"
 

@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from headrace.service.tables import plain
-from headrace.store.base import Store
-from headrace.store.types import Attempt, TaskRecord, TaskState
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import Attempt, TaskRecord, TaskState
 
 
 def _when(seconds: float | None) -> str:

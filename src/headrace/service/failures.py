@@ -29,8 +29,8 @@ from headrace.policy.errors import (
     StoreUnavailable,
     UnknownTask,
 )
+from headrace.policy.redact import hide_passwords
 from headrace.store.sqlite import path_from_url
-from headrace.store.urls import hide_passwords
 
 STORE_URL = "headrace.store_url"  # the store the running command uses, in click's ctx.meta
 

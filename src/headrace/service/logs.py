@@ -10,8 +10,8 @@ import sys
 from typing import TextIO
 
 from headrace.policy.gate import GateConfig
+from headrace.policy.redact import hide_passwords
 from headrace.runtime.worker import Worker
-from headrace.store.urls import hide_passwords
 
 HEADRACE = "headrace"
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

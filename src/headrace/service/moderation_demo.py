@@ -24,7 +24,7 @@ from headrace.pipelines.moderation.probe import MediaClass
 from headrace.pipelines.moderation.scan import BuiltinScanner, Scanner
 from headrace.runtime.classes import DEFAULT_CLASSES
 from headrace.runtime.memory import DEFAULT_MEMORY
-from headrace.store.types import StageStats, TaskState
+from headrace.store.protocol.types import StageStats, TaskState
 
 STAFF = Staff(weight=2.0, by="organiser", reason="official event video")
 TITLES = {

@@ -20,10 +20,10 @@ import time
 import httpx
 
 from headrace.policy.errors import ConfigError, StoreUnavailable
+from headrace.policy.redact import hide_passwords
 from headrace.service.api.webhooks import sign
-from headrace.store.base import Store
-from headrace.store.records import OutboxRow
-from headrace.store.urls import hide_passwords
+from headrace.store.protocol.records import OutboxRow
+from headrace.store.protocol.tasks import Store
 
 log = logging.getLogger("headrace.notify")
 
@@ -68,11 +68,11 @@ class OutboxRelay:
         """Send every pending notification once, in order; whether one was not acknowledged
         (the rest wait behind it, so a receiver sees them in the order written)."""
         while True:
-            pending = await store.outbox(pending=True, limit=BATCH)
+            pending = await store.records.outbox(pending=True, limit=BATCH)
             for notice in pending:
                 if not await self.send(client, notice):
                     return True
-                await store.mark_delivered([notice.id])
+                await store.records.mark_delivered([notice.id])
                 self.sent += 1
             if len(pending) < BATCH:
                 return False

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import socket
 
+from headrace.policy.redact import hide_passwords
 from headrace.runtime.app import App
 from headrace.runtime.pruner import Pruner, PruneReport, batches
-from headrace.store.urls import hide_passwords
 
 
 def holder() -> str:

@@ -16,13 +16,13 @@ import uvicorn
 
 from headrace.pipelines.moderation.pipeline import Moderation
 from headrace.policy.errors import ConfigError
+from headrace.policy.redact import hide_passwords
 from headrace.runtime.memory import DEFAULT_MEMORY
 from headrace.runtime.worker import Worker
 from headrace.service import logs
 from headrace.service.api.app import create_api
 from headrace.service.api.deps import ApiSettings, Service
 from headrace.service.notify import OutboxRelay
-from headrace.store.urls import hide_passwords
 
 log = logging.getLogger("headrace.serve")
 GRACE = 30.0

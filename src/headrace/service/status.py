@@ -14,12 +14,12 @@ from rich.table import Table
 
 from headrace.policy import gate as gating
 from headrace.policy.gate import GateConfig, GateState, GateStatistics
+from headrace.policy.redact import hide_passwords
 from headrace.policy.retention import Retention
 from headrace.runtime.app import App
 from headrace.service.tables import groups_table, plain
-from headrace.store.pruning import PrunerState
-from headrace.store.types import GroupReport, StageStats
-from headrace.store.urls import hide_passwords
+from headrace.store.protocol.pruning import PrunerState
+from headrace.store.protocol.types import GroupReport, StageStats
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from rich.table import Table
 from rich.text import Text
 
-from headrace.store.types import GroupReport
+from headrace.store.protocol.types import GroupReport
 
 
 def plain(value: str | None, empty: str = "-") -> Text:

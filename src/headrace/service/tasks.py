@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from headrace.runtime.app import App
 from headrace.service.failures import WrongInput
-from headrace.store.types import TaskRecord, TaskState
+from headrace.store.protocol.types import TaskRecord, TaskState
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,9 @@ from headrace.policy.errors import (
 from headrace.policy.gate import GateConfig, GateState, GateStatistics
 from headrace.policy.poison import Expiry
 from headrace.policy.tiers import AGING_CEILING, aged_tier
-from headrace.store import bounds as stage_bounds
-from headrace.store import idempotency
-from headrace.store.ages import AGE_SAMPLE, ReadyAges, age, ready_since
-from headrace.store.dispatch import (
+from headrace.store.machine import bounds as stage_bounds
+from headrace.store.machine import idempotency
+from headrace.store.machine.dispatch import (
     GateBook,
     KindBudget,
     MemoryBudget,
@@ -45,7 +44,9 @@ from headrace.store.dispatch import (
     waits_for_alone,
 )
 from headrace.store.memory_pruning import MemoryPruning
-from headrace.store.types import (
+from headrace.store.protocol.ages import AGE_SAMPLE, ReadyAges, age, ready_since
+from headrace.store.protocol.records import RecordStore
+from headrace.store.protocol.types import (
     ACTIVE,
     CANCELLED,
     DEFER_DELAY,
@@ -83,6 +84,7 @@ class MemoryStore(MemoryPruning):
         super().__init__()
         self.clock = clock or LoopClock()
         self.settings = Settings()
+        self.records: RecordStore = self  # its record verbs are its own
         self._configs: dict[str, GateConfig] = {}
         self._tasks: dict[int, TaskRecord] = {}
         self._ids = itertools.count(1)

@@ -1,6 +1,6 @@
-"""The memory store's retention (store/pruning.py), with the semantics of the SQL stores' named
-statements (`prunable_tasks` and the rest): the conformance suite holds them to one. Mixed into
-`MemoryStore`, whose task table and indexes it reads and trims."""
+"""The memory store's retention (store/protocol/pruning.py), with the semantics of the SQL stores'
+named statements (`prunable_tasks` and the rest): the conformance suite holds them to one. Mixed
+into `MemoryStore`, whose task table and indexes it reads and trims."""
 
 from __future__ import annotations
 
@@ -9,20 +9,11 @@ from collections.abc import Collection
 from dataclasses import replace
 
 from headrace.policy.retention import Retention
-from headrace.store import pruning
+from headrace.store.machine import plans
+from headrace.store.machine.plans import Batch, Mark, Plan, RecordPlan, TaskPlan
 from headrace.store.memory_records import MemoryRecords
-from headrace.store.pruning import (
-    ATTEMPTS,
-    UPSTREAM_PRUNED,
-    Batch,
-    Mark,
-    Plan,
-    Pruned,
-    PrunerState,
-    RecordPlan,
-    TaskPlan,
-)
-from headrace.store.types import (
+from headrace.store.protocol.pruning import ATTEMPTS, UPSTREAM_PRUNED, Pruned, PrunerState
+from headrace.store.protocol.types import (
     ACTIVE,
     UPSTREAM_FAILED,
     Attempt,
@@ -56,13 +47,13 @@ class MemoryPruning(MemoryRecords):
 
     async def prune(self, retention: Retention, *, dry_run: bool = False) -> Pruned:
         batches: list[Batch] = []
-        for plan in pruning.plans(retention):
+        for plan in plans.plans(retention):
             mark, done = Mark(), False
             while not done:
                 batch = self._prune_batch(plan, mark, retention.batch, dry_run)
                 batches.append(batch)
                 mark, done = batch.mark, batch.done
-        return pruning.tally(batches)
+        return plans.tally(batches)
 
     def _prune_batch(self, plan: Plan, after: Mark, limit: int, dry_run: bool) -> Batch:
         now = self.clock.now()

@@ -1,5 +1,6 @@
-"""The memory store's records, audit rows and outbox (`store/records.py`), with the semantics
-of the SQL stores' (`store/machine/records.py`): the conformance suite holds them to one."""
+"""The memory store's records, audit rows and outbox (`store/protocol/records.py`), with the
+semantics of the SQL stores' (`store/machine/records.py`): the conformance suite holds them to
+one."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import Any
 
 from headrace.policy.clock import Clock
 from headrace.policy.errors import UnknownRecord
-from headrace.store.pruning import AuditPlan, Mark, NoticePlan, RecordPlan
-from headrace.store.records import (
+from headrace.store.machine.plans import AuditPlan, Mark, NoticePlan, RecordPlan
+from headrace.store.protocol.records import (
     Age,
     Audit,
     AuditRow,
@@ -212,7 +213,7 @@ class MemoryRecords:
                 marked += 1
         return marked
 
-    # -- retention (store/pruning.py), as the SQL stores' named statements say it
+    # -- retention (store/protocol/pruning.py), as the SQL stores' named statements say it
 
     def _prune_rows(
         self, plan: NoticePlan | AuditPlan, now: float, after: Mark, limit: int

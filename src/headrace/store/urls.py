@@ -3,35 +3,30 @@
 
 from __future__ import annotations
 
-import re
 from urllib.parse import urlsplit
 
 from headrace.policy.clock import Clock
 from headrace.policy.errors import ConfigError
-from headrace.store.base import Store
+from headrace.store.memory import MemoryStore
+from headrace.store.postgres import PostgresStore
+from headrace.store.postgres.connection import POSTGRES_SCHEMES
+from headrace.store.protocol.tasks import Store
+from headrace.store.sqlite import SQLiteStore
+from headrace.store.sqlite.connection import SQLITE_SCHEME
 
 MEMORY_SCHEME = "memory"
-SQLITE_SCHEME = "sqlite"
-POSTGRES_SCHEMES = ("postgresql", "postgres")
-# A URL's password, wherever it appears in a text: `scheme://user:password@` or `?password=`.
-_URL_PASSWORD = re.compile(r"\b([a-z][a-z0-9+.-]*://[^\s/@:]*):[^\s/]*@", re.IGNORECASE)
-_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&\s]*", re.IGNORECASE)
+
+__all__ = ["MEMORY_SCHEME", "POSTGRES_SCHEMES", "SQLITE_SCHEME", "open_store", "upgrade_schema"]
 
 
 def open_store(url: str, *, clock: Clock | None = None) -> Store:
     """A store for `url`; the store is opened later with `Store.open(settings)`."""
     scheme = urlsplit(url).scheme
     if scheme == MEMORY_SCHEME:
-        from headrace.store.memory import MemoryStore
-
         return MemoryStore(clock)
     if scheme == SQLITE_SCHEME:
-        from headrace.store.sqlite import SQLiteStore
-
         return SQLiteStore.from_url(url, clock=clock)
     if scheme in POSTGRES_SCHEMES:
-        from headrace.store.postgres import PostgresStore
-
         return PostgresStore.from_url(url, clock=clock)
     raise _unknown(url)
 
@@ -41,22 +36,12 @@ async def upgrade_schema(url: str) -> tuple[int, int]:
     (what `headrace db upgrade` prints)."""
     scheme = urlsplit(url).scheme
     if scheme in POSTGRES_SCHEMES:
-        from headrace.store.postgres import PostgresStore
-
         return await PostgresStore.from_url(url).upgrade()
     if scheme == SQLITE_SCHEME:
-        from headrace.store.sqlite import SQLiteStore
-
         return await SQLiteStore.from_url(url).upgrade()
     if scheme == MEMORY_SCHEME:
         raise ConfigError("store url: memory:// keeps no schema to upgrade")
     raise _unknown(url)
-
-
-def hide_passwords(text: str) -> str:
-    """`text` (a store URL, or a message that quotes one) with every URL's password shown as
-    `***`: what a log line or an error message may print."""
-    return _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1:***@", text))
 
 
 def _unknown(url: str) -> ConfigError:

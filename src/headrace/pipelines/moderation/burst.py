@@ -30,8 +30,8 @@ from headrace.pipelines.moderation.pipeline import Item, ItemState, Moderation, 
 from headrace.pipelines.moderation.probe import MediaClass
 from headrace.policy.errors import QueueFull
 from headrace.runtime.memory import DEFAULT_MEMORY
-from headrace.store.base import Store
-from headrace.store.types import AttemptOutcome, StageStats, TaskRecord, TaskState
+from headrace.store.protocol.tasks import Store
+from headrace.store.protocol.types import AttemptOutcome, StageStats, TaskRecord, TaskState
 
 CROWD, HEAVY, LATECOMER, VIDEO, VOICE = "crowd", "heavy", "latecomer", "video", "voice"
 PHOTO_ROLES = (CROWD, HEAVY, LATECOMER)

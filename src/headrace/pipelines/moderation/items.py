@@ -15,7 +15,7 @@ from headrace.pipelines.moderation.media import check_media_id
 from headrace.pipelines.moderation.probe import MediaClass
 from headrace.policy.errors import ConfigError
 from headrace.runtime.app import App
-from headrace.store.records import Audit, AuditRow, Record
+from headrace.store.protocol.records import Audit, AuditRow, Record
 
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
@@ -71,7 +71,7 @@ class Item:
     decision_reason: str | None = None  # why it was rejected: a code of `review.REJECT_REASONS`
     reopened_by: str | None = None  # the moderator whose undo made it reviewable again
     uploaded_at: float = 0.0  # when its record was made, by the store's clock
-    seq: int = 0  # the order of its last change of state (`store/records.py`)
+    seq: int = 0  # the order of its last change of state (`store/protocol/records.py`)
 
     def body(self) -> dict[str, object]:
         """What its record keeps besides its id, event and state."""
@@ -112,7 +112,7 @@ class Records:
         self._holds_indexed = False
 
     async def get(self, media_id: str) -> Item:
-        found = await self.app.store.get_record(ITEM, check_media_id(media_id))
+        found = await self.app.store.records.get_record(ITEM, check_media_id(media_id))
         if found is None:
             raise ConfigError(f"media id {media_id!r}: no such item")
         return Item.of(found)
@@ -123,7 +123,7 @@ class Records:
         never exists without one (a hold without its item, after a crash, keeps an original
         longer, never less)."""
         await self._hold(item.media_id, item.digest)
-        made = await self.app.store.put_record(
+        made = await self.app.store.records.put_record(
             ITEM,
             item.media_id,
             scope=item.event,
@@ -140,7 +140,7 @@ class Records:
         longer `was`. A stage moves its item this way: an attempt that lost its lease and
         finishes late (its host cut off, then back) finds the item moved on and changes
         nothing, where a plain write would set it back."""
-        changed = await self.app.store.change_record(
+        changed = await self.app.store.records.change_record(
             ITEM, media_id, state=state.value, body=body, when={was.value}
         )
         return Item.of(changed.record)
@@ -150,7 +150,7 @@ class Records:
         found: list[Item] = []
         wanted = None if state is None else state.value
         while True:
-            page = await self.app.store.list_records(
+            page = await self.app.store.records.list_records(
                 ITEM, scope=event, state=wanted, after=found[-1].seq if found else 0, limit=PAGE
             )
             found.extend(Item.of(record) for record in page)
@@ -158,7 +158,7 @@ class Records:
                 return found
 
     async def audit(self, media_id: str | None = None) -> list[AuditRow]:
-        return await self.app.store.audit_log(kind=ITEM, record_id=media_id)
+        return await self.app.store.records.audit_log(kind=ITEM, record_id=media_id)
 
     async def holders(
         self, digests: Collection[str], *, leaving: Collection[str]
@@ -173,7 +173,7 @@ class Records:
             for media_id in await self._holding(digest):
                 if media_id in leaving:
                     continue
-                item = await store.get_record(ITEM, media_id)
+                item = await store.records.get_record(ITEM, media_id)
                 if item is not None and item.state != ItemState.REFUSED.value:
                     found.setdefault(digest, []).append(media_id)
         return found
@@ -183,7 +183,9 @@ class Records:
         held: list[str] = []
         after = 0
         while True:
-            page = await self.app.store.list_records(HOLD, scope=digest, after=after, limit=PAGE)
+            page = await self.app.store.records.list_records(
+                HOLD, scope=digest, after=after, limit=PAGE
+            )
             held.extend(hold.id for hold in page)
             if len(page) < PAGE:
                 return held
@@ -194,13 +196,13 @@ class Records:
         how many items went. An item that moved on meanwhile keeps both."""
         store = self.app.store
         settled = {state.value for state in ItemState if state.settled}
-        removed = await store.delete_records(ITEM, media_ids, when=settled)
-        gone = [m for m in media_ids if await store.get_record(ITEM, m) is None]
-        await store.delete_records(HOLD, gone)
+        removed = await store.records.delete_records(ITEM, media_ids, when=settled)
+        gone = [m for m in media_ids if await store.records.get_record(ITEM, m) is None]
+        await store.records.delete_records(HOLD, gone)
         return removed
 
     async def _hold(self, media_id: str, digest: str) -> None:
-        await self.app.store.put_record(HOLD, media_id, scope=digest, state=HOLDING)
+        await self.app.store.records.put_record(HOLD, media_id, scope=digest, state=HOLDING)
 
     async def _index_holds(self) -> None:
         """Give every item kept before holds were written its hold, once per store (a store
@@ -208,10 +210,10 @@ class Records:
         if self._holds_indexed:
             return
         store = self.app.store
-        if await store.get_record(*HOLDS_INDEXED) is None:
+        if await store.records.get_record(*HOLDS_INDEXED) is None:
             for item in await self.all():
                 await self._hold(item.media_id, item.digest)
-            await store.put_record(*HOLDS_INDEXED, scope="moderation", state="done")
+            await store.records.put_record(*HOLDS_INDEXED, scope="moderation", state="done")
         self._holds_indexed = True
 
 

@@ -35,7 +35,7 @@ from headrace.pipelines.moderation.media import (
 )
 from headrace.pipelines.moderation.media.store import blob_key
 from headrace.policy.errors import ConfigError, TaskFailure
-from headrace.store.urls import hide_passwords
+from headrace.policy.redact import hide_passwords
 
 ITEM = "item"  # the kind of an item's record (pipeline.ITEM)
 # The states of an item some stage still has to read its original for.
@@ -90,7 +90,7 @@ class Originals:
         """The digests of the oldest items waiting for a stage (`SAMPLE` per state)."""
         digests: list[str] = []
         for state in WAITING:
-            found = await self.app.store.list_records(ITEM, state=state, limit=SAMPLE)
+            found = await self.app.store.records.list_records(ITEM, state=state, limit=SAMPLE)
             digests.extend(str(record.body["digest"]) for record in found)
         return list(dict.fromkeys(digests))
 

@@ -23,7 +23,7 @@ bound in all and per session, so one contributor cannot fill a stage for everyon
 feeds the next: while scan is full, validation waits; while derive is full, scanning does. An
 item waiting in a stage is *queued*, one whose task runs is *processing* (`Moderation.phase`).
 
-Each item's record (kind `item`, scoped to its event: `items.py`, over `store/records.py`)
+Each item's record (kind `item`, scoped to its event: `items.py`, over `store/protocol/records.py`)
 says what a moderator sees: its state, class and format, the reason of an automatic flag, where
 its derivatives are. A moderator's decision commits with its audit row and the notice it owes
 (the outbox), in one transaction. Stage handlers are plain functions (CPU work runs off the event
@@ -102,8 +102,8 @@ from headrace.pipelines.moderation.upkeep import Upkeep
 from headrace.policy.errors import ConfigError, HeadraceError, QueueFull
 from headrace.policy.text import check_text
 from headrace.runtime.calls import off_loop
-from headrace.store.records import Audit
-from headrace.store.types import TaskState
+from headrace.store.protocol.records import Audit
+from headrace.store.protocol.types import TaskState
 
 log = logging.getLogger("headrace.moderation")
 
@@ -402,7 +402,7 @@ class Moderation:
 
     async def closed(self, event: str) -> bool:
         """Whether `event` was closed."""
-        found = await self.app.store.get_record(EVENT, check_label(event, "event"))
+        found = await self.app.store.records.get_record(EVENT, check_label(event, "event"))
         return found is not None and found.state == CLOSED
 
     async def accept_bytes(

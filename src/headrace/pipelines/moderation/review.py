@@ -3,7 +3,7 @@ admin's change of a decision.
 
 A claim says who is looking at an item now. It is a record (kind `claim`, id the media id, scope
 the event) whose state names its holder (`held:<moderator>`) or says it is `free`, changed with
-the same compare-and-set and audit rows as the items' own records (`store/records.py`):
+the same compare-and-set and audit rows as the items' own records (`store/protocol/records.py`):
 
 - taking a free item, or renewing one's own claim, is a change from `free` or `held:<me>`;
 - a claim its holder has not renewed for the TTL (`ReviewRules.claim_ttl`, 5 minutes) has
@@ -52,8 +52,8 @@ from headrace.pipelines.moderation.items import (
 from headrace.pipelines.moderation.media import check_media_id
 from headrace.policy.errors import ConfigError, UnknownRecord
 from headrace.runtime.app import App
-from headrace.store.base import Store
-from headrace.store.records import Age, Audit, Changed, Notice, Record
+from headrace.store.protocol.records import Age, Audit, Changed, Notice, Record
+from headrace.store.protocol.tasks import Store
 
 CLAIM = "claim"  # the kind of a claim's record
 FREE = "free"
@@ -200,7 +200,7 @@ class Review:
     async def _put_claim(self, item: Item, by: str) -> Changed:
         """A claim record held by `by`, made unless the item has one (then that one, unchanged)."""
         audit = Audit("claim.taken", by)
-        return await self.store.put_record(
+        return await self.store.records.put_record(
             CLAIM, item.media_id, scope=item.event, state=HELD + by, audit=audit
         )
 
@@ -216,7 +216,7 @@ class Review:
             when, age = {FREE, HELD + by}, None
         elif found.live(now):
             outcome = f"unchanged: {record.state}"
-            await self.store.write_audit(
+            await self.store.records.write_audit(
                 CLAIM, item.media_id, scope=item.event, audit=audit, outcome=outcome
             )
             raise ClaimedByOther(found)
@@ -224,7 +224,7 @@ class Review:
             when, age = {record.state}, Age(at_least=self.rules.claim_ttl)
         renewals = int(record.body.get("renewals", 0)) + renewing
         try:
-            return await self.store.change_record(
+            return await self.store.records.change_record(
                 CLAIM,
                 item.media_id,
                 state=HELD + by,
@@ -249,7 +249,7 @@ class Review:
         """Give a claim back (`by` its holder, or any claim by an admin, with a reason);
         whether it was held and is now free."""
         check_label(by, "by")
-        found = await self.store.get_record(CLAIM, check_media_id(media_id))
+        found = await self.store.records.get_record(CLAIM, check_media_id(media_id))
         if found is None or found.state == FREE:
             return False
         if admin:
@@ -262,7 +262,7 @@ class Review:
             audit = Audit("claim.released", by)
             when = {HELD + by}
         try:
-            changed = await self.store.change_record(
+            changed = await self.store.records.change_record(
                 CLAIM, found.id, state=FREE, when=when, audit=audit
             )
         except UnknownRecord:  # its item was decided meanwhile: the claim went with it
@@ -276,7 +276,7 @@ class Review:
         mine: list[Record] = []
         after = 0
         while True:  # read them all first: a claim given back moves past the cursor
-            page = await self.store.list_records(CLAIM, state=held, after=after, limit=PAGE)
+            page = await self.store.records.list_records(CLAIM, state=held, after=after, limit=PAGE)
             mine.extend(page)
             if len(page) < PAGE:
                 break
@@ -285,7 +285,7 @@ class Review:
         released = 0
         for record in mine:
             with contextlib.suppress(UnknownRecord):  # decided meanwhile: the claim went
-                changed = await self.store.change_record(
+                changed = await self.store.records.change_record(
                     CLAIM, record.id, state=FREE, when={held}, audit=audit
                 )
                 released += changed.applied
@@ -298,7 +298,9 @@ class Review:
         live: dict[str, Claim] = {}
         after = 0
         while True:
-            page = await self.store.list_records(CLAIM, scope=event, after=after, limit=PAGE)
+            page = await self.store.records.list_records(
+                CLAIM, scope=event, after=after, limit=PAGE
+            )
             for record in page:
                 claim = self._claim_of(record)
                 if claim.live(now):
@@ -318,7 +320,7 @@ class Review:
         now = await self.store.now()
         held = await self.claims(event)
         while True:
-            page = await self.store.list_records(
+            page = await self.store.records.list_records(
                 ITEM, scope=event, state=ItemState.REVIEWABLE.value, after=after, limit=NEXT_PAGE
             )
             for record in page:
@@ -359,7 +361,7 @@ class Review:
         detail: dict[str, object] = {} if reason is None else {"reason": reason}
         audit = Audit(f"review.{wanted.value}", by, detail)
         item, took = await self._claim_to_decide(item, by, audit)
-        changed = await self.store.change_record(
+        changed = await self.store.records.change_record(
             ITEM,
             item.media_id,
             state=wanted.value,
@@ -397,7 +399,7 @@ class Review:
         took it after the decision's own claim went). Freed, not deleted: a store never deletes
         its newest record, which this claim may be."""
         with contextlib.suppress(UnknownRecord):
-            await self.store.change_record(CLAIM, media_id, state=FREE, when={HELD + by})
+            await self.store.records.change_record(CLAIM, media_id, state=FREE, when={HELD + by})
 
     async def decide_many(
         self,
@@ -417,7 +419,7 @@ class Review:
         check_decision(by, approve, reason)
         results: list[BulkResult] = []
         for media_id in ids:
-            found = await self.store.get_record(ITEM, media_id)
+            found = await self.store.records.get_record(ITEM, media_id)
             if found is None or (event is not None and found.scope != event):
                 results.append(BulkResult(media_id, False, None, "missing"))
                 continue
@@ -451,7 +453,7 @@ class Review:
             raise ConfigError(
                 f"media id {item.media_id}: {item.decided_by} decided it; only they may undo it"
             )
-        changed = await self.store.change_record(
+        changed = await self.store.records.change_record(
             ITEM,
             item.media_id,
             state=ItemState.REVIEWABLE.value,
@@ -481,7 +483,7 @@ class Review:
         wanted = ItemState.APPROVED if approve else ItemState.REJECTED
         other = ItemState.REJECTED if approve else ItemState.APPROVED
         item = await self.records.get(media_id)
-        changed = await self.store.change_record(
+        changed = await self.store.records.change_record(
             ITEM,
             item.media_id,
             state=wanted.value,
@@ -505,13 +507,13 @@ class Review:
         return counts
 
     async def _refused(self, item: Item, audit: Audit, outcome: str) -> None:
-        await self.store.write_audit(
+        await self.store.records.write_audit(
             ITEM, item.media_id, scope=item.event, audit=audit, outcome=outcome
         )
 
     async def forget(self, media_ids: Collection[str]) -> None:
         """The claims of items decided or gone."""
-        await self.store.delete_records(CLAIM, list(media_ids))
+        await self.store.records.delete_records(CLAIM, list(media_ids))
 
 
 def reopened_by(item: Item, by: str) -> bool:

@@ -49,8 +49,8 @@ from headrace.pipelines.moderation.review import Review
 from headrace.policy.errors import QueueFull
 from headrace.runtime.app import App
 from headrace.runtime.prunehooks import PruneRun
-from headrace.store.base import Store
-from headrace.store.records import Audit, Record
+from headrace.store.protocol.records import Audit, Record
+from headrace.store.protocol.tasks import Store
 
 log = logging.getLogger("headrace.pruner")
 
@@ -77,9 +77,9 @@ async def close_event(store: Store, event: str, *, by: str) -> bool:
     closed it."""
     check_label(event, "event")
     audit = Audit("event.closed", by)
-    made = await store.put_record(EVENT, event, scope=event, state=CLOSED, audit=audit)
+    made = await store.records.put_record(EVENT, event, scope=event, state=CLOSED, audit=audit)
     if not made.applied:
-        await store.write_audit(
+        await store.records.write_audit(
             EVENT, event, scope=event, audit=audit, outcome=f"unchanged: {made.record.state}"
         )
     return made.applied
@@ -158,14 +158,14 @@ class Upkeep:
         except QueueFull:
             return None
         audit = Audit("upload.requeued", PRUNER, {"task": task_id})
-        await self.store.write_audit(
+        await self.store.records.write_audit(
             ITEM, item.media_id, scope=item.event, audit=audit, outcome="applied"
         )
         log.info("pruner: queued upload %s, which no task named, as %d", item.media_id, task_id)
         return QUEUED
 
     async def refuse(self, item: Item, reason: str, action: str) -> None:
-        await self.store.change_record(
+        await self.store.records.change_record(
             ITEM,
             item.media_id,
             state=ItemState.REFUSED.value,
@@ -183,7 +183,7 @@ class Upkeep:
         if age is None:
             return counts
         until = self.media.wall() - age
-        mark = await self.store.get_record(*ORPHANS_SWEPT)
+        mark = await self.store.records.get_record(*ORPHANS_SWEPT)
         since = None if mark is None else float(mark.body["until"]) - age
         stale = await self.media.stale_blobs(before=until, since=since)
         for digest in stale.originals:
@@ -209,11 +209,11 @@ class Upkeep:
 
     async def mark_orphans_swept(self, until: float) -> None:
         body = {"until": until}
-        made = await self.store.put_record(
+        made = await self.store.records.put_record(
             *ORPHANS_SWEPT, scope="moderation", state="done", body=body
         )
         if not made.applied:
-            await self.store.change_record(*ORPHANS_SWEPT, body=body)
+            await self.store.records.change_record(*ORPHANS_SWEPT, body=body)
 
     # -- items past their retention
 
@@ -271,7 +271,7 @@ class Upkeep:
         """Records of `kind` (in `state`, of `scope`), a page at a time, in seq order."""
         after = 0
         while True:
-            page = await self.store.list_records(
+            page = await self.store.records.list_records(
                 kind, scope=scope, state=state, after=after, limit=PAGE
             )
             for record in page:

@@ -21,8 +21,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from headrace.policy.errors import ConfigError
-from headrace.store.base import Store
-from headrace.store.records import Audit, check_name
+from headrace.store.protocol.records import Audit, check_name
+from headrace.store.protocol.tasks import Store
 
 TOKEN = "token"  # the record kind of a bearer token
 LOGIN = "login"  # the record kind of a page sign-in
@@ -85,7 +85,7 @@ async def create_token(
         raise ConfigError("token.events: only an admin token covers every event ('*')")
     token = new_token()
     body = {"name": name, "role": role.value, "events": scope}
-    await store.put_record(
+    await store.records.put_record(
         TOKEN,
         digest(token),
         scope=name,
@@ -99,8 +99,8 @@ async def create_token(
 async def revoke_token(store: Store, name: str, *, by: str = "cli") -> int:
     """Revoke every active token of a holder; return how many."""
     revoked = 0
-    for record in await store.list_records(TOKEN, scope=check_name(name, "token.name")):
-        changed = await store.change_record(
+    for record in await store.records.list_records(TOKEN, scope=check_name(name, "token.name")):
+        changed = await store.records.change_record(
             TOKEN, record.id, state=REVOKED, when={ACTIVE}, audit=Audit("token.revoked", by)
         )
         revoked += changed.applied
@@ -111,7 +111,7 @@ async def principal_of(store: Store, token: str) -> Principal | None:
     """The principal an active token names, or None."""
     if not token.startswith(TOKEN_PREFIX) or len(token) > 200:
         return None
-    found = await store.get_record(TOKEN, digest(token))
+    found = await store.records.get_record(TOKEN, digest(token))
     if found is None or found.state != ACTIVE:
         return None
     body = found.body
@@ -123,7 +123,7 @@ async def sign_in(store: Store, principal: Principal) -> tuple[str, str]:
     form came from a page of that sign-in."""
     cookie = secrets.token_urlsafe(32)
     now = await store.now()
-    await store.put_record(
+    await store.records.put_record(
         LOGIN,
         digest(cookie),
         scope=principal.name,
@@ -146,10 +146,10 @@ async def signed_in(store: Store, cookie: str) -> Principal | None:
     """The principal of a live sign-in cookie (its token still active), or None."""
     if not cookie or len(cookie) > 100:
         return None
-    found = await store.get_record(LOGIN, digest(cookie))
+    found = await store.records.get_record(LOGIN, digest(cookie))
     if found is None or found.state != ACTIVE or found.body["until"] < await store.now():
         return None
-    token = await store.get_record(TOKEN, found.body["token"])
+    token = await store.records.get_record(TOKEN, found.body["token"])
     if token is None or token.state != ACTIVE:
         return None
     body = token.body
@@ -160,8 +160,8 @@ async def sign_out(store: Store, cookie: str) -> None:
     """End the sign-in of `cookie` on the server: a copy of the cookie kept anywhere is dead."""
     if cookie and len(cookie) <= 100:
         key = digest(cookie)
-        if await store.get_record(LOGIN, key) is not None:
-            await store.change_record(LOGIN, key, state=REVOKED, when={ACTIVE})
+        if await store.records.get_record(LOGIN, key) is not None:
+            await store.records.change_record(LOGIN, key, state=REVOKED, when={ACTIVE})
 
 
 def form_token(cookie: str) -> str:

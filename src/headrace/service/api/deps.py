@@ -33,8 +33,8 @@ from headrace.policy.errors import ConfigError
 from headrace.policy.text import text_problem
 from headrace.service.api import auth, metrics
 from headrace.service.api.auth import Principal, Role
-from headrace.store.base import Store
-from headrace.store.records import Audit
+from headrace.store.protocol.records import Audit
+from headrace.store.protocol.tasks import Store
 
 LOGIN_COOKIE = "headrace_login"
 Delivery = Literal["redirect", "stream"]
@@ -234,7 +234,7 @@ async def deny(
     svc: Service, who: Principal, *, kind: str, record_id: str, scope: str, action: str
 ) -> ApiError:
     """A denial written to the audit log; answered 404 (the thing's existence is not said)."""
-    await svc.store.write_audit(
+    await svc.store.records.write_audit(
         kind,
         record_id,
         scope=scope,
@@ -257,7 +257,7 @@ async def require(
     """Go on only if `who` holds `role` (for `event`, when given): a principal of too low a
     role gets 403, one outside the event 404; both are audited."""
     if not who.role.holds(role):
-        await svc.store.write_audit(
+        await svc.store.records.write_audit(
             kind,
             record_id or event or "all",
             scope=event or "all",

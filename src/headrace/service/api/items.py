@@ -137,7 +137,7 @@ def view(item: Item) -> ItemView:
 async def visible_item(svc: Service, who: Principal, media_id: str, action: str) -> Item:
     """The item, if `who` moderates its event: else 404 (audited when it exists)."""
     await require(svc, who, Role.MODERATOR, kind=ITEM, record_id=media_id, action=action)
-    found = await svc.store.get_record(ITEM, media_id)
+    found = await svc.store.records.get_record(ITEM, media_id)
     if found is None:
         raise not_found("item")
     if not who.sees(found.scope):
@@ -158,10 +158,12 @@ async def list_items(
     later, so a page never reorders and the items past it are only ever new."""
     await require(svc, who, Role.MODERATOR, event=event)
     wanted = None if state is None else state.value
-    found = await svc.store.list_records(ITEM, scope=event, state=wanted, after=after, limit=limit)
+    found = await svc.store.records.list_records(
+        ITEM, scope=event, state=wanted, after=after, limit=limit
+    )
     items = [view(Item.of(record)) for record in found]
     last = found[-1].seq if found else after
-    newer = await svc.store.count_records(ITEM, scope=event, state=wanted, after=last)
+    newer = await svc.store.records.count_records(ITEM, scope=event, state=wanted, after=last)
     return ItemPage(items=items, next=last, newer=newer)
 
 
@@ -250,7 +252,7 @@ PRIVATE = {"Cache-Control": "private, max-age=300"}
 )
 async def item_audit(media_id: MediaId, svc: TheService, who: Caller) -> list[AuditView]:
     await visible_item(svc, who, media_id, "read")
-    rows = await svc.store.audit_log(kind=ITEM, record_id=media_id)
+    rows = await svc.store.records.audit_log(kind=ITEM, record_id=media_id)
     return [
         AuditView(at=r.at, action=r.action, actor=r.actor, outcome=r.outcome, detail=dict(r.detail))
         for r in rows

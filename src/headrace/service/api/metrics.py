@@ -36,7 +36,7 @@ a client sent.
 | `headrace_metrics_exporter` | gauge | none: this process exported the above (1) or not (0) |
 
 Every stage the app declares has its series, 0 while it has no task; so has every gate it
-declares. A ready task's age counts from when it last became ready to run (store/ages.py).
+declares. A ready task's age counts from when it last became ready to run (store/protocol/ages.py).
 
 The age histogram describes the ready tasks at the scrape, as a gauge would: read it with
 `histogram_quantile` over its buckets as they are, never through `rate()`. PromQL takes the
@@ -44,9 +44,9 @@ ages within a bucket as spread evenly over it, so its quantile is off the exact 
 /v1/stages` reports by at most the bucket's width: the bounds (`AGE_BUCKETS`) are at most 1.5
 times apart from 5 s to an hour (at most 15 s apart up to 90 s).
 
-The store keeps the counts in tallies and reads the ages from an index, so a scrape costs about
-the same with a thousand tasks as with ten million. The age histogram is built from a bounded
-sample (store/ages.py): every ready task is counted, and the ages of a stage's oldest and newest
+The store keeps the counts in tallies and reads the ages from an index, so a scrape costs about the
+same with a thousand tasks as with ten million. The age histogram is built from a bounded sample
+(store/protocol/ages.py): every ready task is counted, and the ages of a stage's oldest and newest
 250 are exact; when a stage has more ready tasks than that, those in between are taken as spread
 evenly between the two ends, so a bucket's bound that falls among them is an estimate.
 """
@@ -72,8 +72,8 @@ from prometheus_client.registry import Collector
 
 from headrace.policy.gate import GateConfig, GateStatistics
 from headrace.runtime.app import App
-from headrace.store.ages import ReadyAges
-from headrace.store.types import AttemptOutcome, StageStats, TaskState
+from headrace.store.protocol.ages import ReadyAges
+from headrace.store.protocol.types import AttemptOutcome, StageStats, TaskState
 
 EXPORTER = "metrics"  # the named lease of the process that exports the store-wide series
 LEASE = 120.0  # seconds: twice Prometheus's default scrape interval

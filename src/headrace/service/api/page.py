@@ -254,10 +254,10 @@ async def boundary(svc: Service, event: str, upto: int) -> tuple[int, int]:
 
 async def newer_items(svc: Service, event: str, upto: int) -> tuple[int, int, list[str]]:
     """`boundary`, and the media ids of those items (at most a page of them)."""
-    newer = await svc.store.count_records(ITEM, scope=event, state=REVIEWABLE, after=upto)
+    newer = await svc.store.records.count_records(ITEM, scope=event, state=REVIEWABLE, after=upto)
     if not newer:
         return 0, upto, []
-    found = await svc.store.list_records(
+    found = await svc.store.records.list_records(
         ITEM, scope=event, state=REVIEWABLE, after=upto, limit=PAGE_SIZE
     )
     return len(found), found[-1].seq, [record.id for record in found]
@@ -274,7 +274,9 @@ async def queue(
     who, cookie = await page_principal(request, svc)
     if not who.sees(event):
         raise await deny(svc, who, kind="event", record_id=event, scope=event, action="page.read")
-    found = await svc.store.list_records(ITEM, scope=event, state=REVIEWABLE, limit=PAGE_SIZE)
+    found = await svc.store.records.list_records(
+        ITEM, scope=event, state=REVIEWABLE, limit=PAGE_SIZE
+    )
     # The boundary: what is reviewable now, and never past the last item a full page lists (what
     # the page does not show is counted as new, and `next` hands out nothing it does not show).
     last = found[-1].seq if found else 0
@@ -286,7 +288,7 @@ async def queue(
     newer, latest = await boundary(svc, event, upto)
     flagged: list[ItemView] = []
     for state in FLAGGED:
-        held = await svc.store.list_records(ITEM, scope=event, state=state, limit=PAGE_SIZE)
+        held = await svc.store.records.list_records(ITEM, scope=event, state=state, limit=PAGE_SIZE)
         flagged.extend(view(Item.of(record)) for record in held)
     reviews = svc.moderation.reviews
     pending = await reviews.pending_by_session(event)
@@ -387,7 +389,9 @@ async def new_items(
     if since is not None:
         claims = await svc.moderation.reviews.claims(event)
         answer["claims"] = {media_id: claim.holder for media_id, claim in claims.items()}
-        changed = await svc.store.list_records(ITEM, scope=event, after=since, limit=PAGE_SIZE)
+        changed = await svc.store.records.list_records(
+            ITEM, scope=event, after=since, limit=PAGE_SIZE
+        )
         answer["changed"] = [
             {"media_id": r.id, "state": r.state, "decided_by": r.body.get("decided_by")}
             for r in changed
@@ -409,7 +413,7 @@ async def decide(
 ) -> Response:
     who, cookie = await page_principal(request, svc)
     check_form_token(cookie, form_token)
-    record = await svc.store.get_record(ITEM, media_id)
+    record = await svc.store.records.get_record(ITEM, media_id)
     if record is None or record.scope != event or not who.sees(event):
         action = f"review.{decision}"
         raise await deny(svc, who, kind=ITEM, record_id=media_id, scope=event, action=action)
@@ -436,7 +440,7 @@ async def media(
 ) -> Response:
     """An item's preview: the list's (`small`), or the large one a photo opens to."""
     who, _ = await page_principal(request, svc)
-    record = await svc.store.get_record(ITEM, media_id)
+    record = await svc.store.records.get_record(ITEM, media_id)
     if record is None or not who.sees(record.scope):
         raise ApiError(404, "not_found", "no such item")
     return await preview_answer(svc, Item.of(record), small=size == "small")
@@ -449,7 +453,7 @@ async def play(
     svc: TheService,
 ) -> Response:
     who, _ = await page_principal(request, svc)
-    record = await svc.store.get_record(ITEM, media_id)
+    record = await svc.store.records.get_record(ITEM, media_id)
     if record is None or not who.sees(record.scope):
         raise ApiError(404, "not_found", "no such item")
     return await playback_answer(svc, Item.of(record))
@@ -471,7 +475,7 @@ async def page_actor(request: Request, svc: Service, event: str, media_ids: list
     if not who.sees(event):
         raise await deny(svc, who, kind="event", record_id=event, scope=event, action="page.act")
     for media_id in media_ids:
-        record = await svc.store.get_record(ITEM, media_id)
+        record = await svc.store.records.get_record(ITEM, media_id)
         if record is None or record.scope != event:
             raise await deny(
                 svc, who, kind=ITEM, record_id=media_id, scope=event, action="page.act"

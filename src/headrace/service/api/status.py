@@ -1,6 +1,6 @@
 """Progress and operations: a task, a group (an event: counts by state, % complete, the cost
 ledger), the stages (depth, oldest age, p95 age by class: from the store's age sample, see
-store/ages.py), the gates, and the dead letters (list, show, redrive: admin only)."""
+store/protocol/ages.py), the gates, and the dead letters (list, show, redrive: admin only)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from headrace.service.api.deps import (
     require,
 )
 from headrace.service.api.edge import EdgeRoute
-from headrace.store.ages import ReadyAges, quantile
-from headrace.store.types import Attempt, TaskRecord, TaskState
+from headrace.store.protocol.ages import ReadyAges, quantile
+from headrace.store.protocol.types import Attempt, TaskRecord, TaskState
 
 router = APIRouter(tags=["status"], route_class=EdgeRoute)
 

@@ -386,7 +386,7 @@ async def uploaded(svc: Service, who: Principal, event: str, media_id: str, sess
     404 alike whether it exists or not (a denial of an existing one audited)."""
     action = "read"
     await require(svc, who, Role.CONTRIBUTOR, event=event, kind=ITEM, action=action)
-    found = await svc.store.get_record(ITEM, media_id)
+    found = await svc.store.records.get_record(ITEM, media_id)
     if found is None or found.scope != event:
         raise not_found(ITEM)  # as a denial reads: existence is not said
     item = Item.of(found)

@@ -32,7 +32,7 @@ from headrace.policy.text import MAX_DEPTH, check_document
 from headrace.runtime import remote
 from headrace.service.api.deps import ApiError, TheService
 from headrace.service.api.edge import BodyLimit, EdgeRoute
-from headrace.store.records import Audit
+from headrace.store.protocol.records import Audit
 
 router = APIRouter(tags=["webhooks"], route_class=EdgeRoute)
 
@@ -174,7 +174,7 @@ async def receive(
     found = parse(body)
     key = hashlib.sha256(f"{provider}\0{found['id']}".encode()).hexdigest()
     body_kept = kept_as(found)
-    kept = await svc.store.put_record(
+    kept = await svc.store.records.put_record(
         DELIVERY,
         key,
         scope=provider,

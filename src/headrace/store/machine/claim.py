@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from headrace.policy import fairness
@@ -13,8 +13,10 @@ from headrace.policy.errors import (
     StoreError,
 )
 from headrace.policy.tiers import AGING_CEILING, Tier, aged_tier
-from headrace.store import bounds as stage_bounds
-from headrace.store.dispatch import (
+from headrace.store.machine import bounds as stage_bounds
+from headrace.store.machine import outcomes, tickets
+from headrace.store.machine.core import AGING_SLACK, CLAIM_BATCH, Pending, Transaction
+from headrace.store.machine.dispatch import (
     GateBook,
     KindBudget,
     MemoryBudget,
@@ -24,16 +26,14 @@ from headrace.store.dispatch import (
     takes,
     waits_for_alone,
 )
-from headrace.store.machine.core import AGING_SLACK, CLAIM_BATCH, Pending
-from headrace.store.machine.outcomes import Outcomes
-from headrace.store.rows import (
+from headrace.store.machine.rows import (
     Candidate,
     candidates_of,
     positions,
     task_of,
     tasks_of,
 )
-from headrace.store.types import (
+from headrace.store.protocol.types import (
     ClaimResult,
     KindLimit,
     Lease,
@@ -51,7 +51,7 @@ class SweepDue(Exception):
 FIRST_BATCH_MARGIN = 8
 
 # `lease_tasks`' rows as read: column names, then each row's values by position.
-LeasedRows = tuple[Sequence[str], list[Sequence[Any]]]
+LeasedRows = tuple[Sequence[str], Sequence[Sequence[Any]]]
 
 
 @dataclass(frozen=True)
@@ -81,341 +81,375 @@ class Claimed:
         return ClaimResult(tuple(leases), self.now, self.wake_at, solo_waiting=self.solo_waiting)
 
 
-class Claiming(Outcomes):
-    # -- claiming
+@dataclass
+class Taking:
+    """What one claim has taken so far and may still take, and the lanes it served."""
 
-    async def claim(
-        self,
-        worker: str,
-        limit: int,
-        lease_for: float,
-        kinds: list[str] | None,
-        *,
-        alone: bool = True,
-        durable: bool = True,
-        within: Sequence[KindLimit] = (),
-        memory: MemoryRoom | None = None,
-        ahead: int = 0,
-        sweep_check: bool = False,
-    ) -> Claimed:
-        """The claim's time, counters and next run_at (`claim_start`) come back with the first
-        batch's gates, in one round trip. Each batch's gates are locked before its tasks, so a
-        task is only ever held by a claim that holds its gates: two claims never hand a gate's
-        tickets out of (tier, tag) order. Not `durable`: the commit does not wait for the WAL
-        flush. `within`: at most so many tasks of each group of kinds (a worker's cost
-        classes); a full group's kinds are left out of later batches. `memory`: what the tasks
-        taken may charge of the worker's memory (`MemoryBudget`); later batches leave out tasks
-        larger than what is left. `ahead`: up to so many more tasks past `limit` that may wait
-        in the worker for a slot (`dispatch.may_wait`). `sweep_check`: PostgreSQL's
-        `claim_start` also looks whether a sweep would find anything (two index probes), and
-        SweepDue is raised if it would: a store whose sweeps are transactions of their own runs
-        one only then (SQLite's sweep in the claim's transaction and never ask)."""
-        self._budget = KindBudget([*within, *await self.backpressure()])
-        self._memory = MemoryBudget(memory)
-        self._solo_waiting = False
-        clock = None if self._clock is None else self._clock.now()
-        commit = "on" if durable else "off"
-        self._gates_before_claim = len(self.gates.states) + len(self.gates.busy)
-        step = self.settings.aging_step
-        start: Pending | None = await self.send(
-            "claim_start",
-            clock=clock,
-            commit=commit,
-            sweep_check=sweep_check,
-            ceiling=int(AGING_CEILING),
-            aging_step=step if step > 0 else None,
-            slack=AGING_SLACK,
-        )
-        next_at: float | None = None
-        chosen: list[Candidate] = []
-        excluded: set[str] = set()
-        book: GateBook | None = None
-        async with contextlib.aclosing(
-            self.rounds(kinds, excluded, limit + ahead, chosen)
-        ) as rounds:
-            async for candidates in rounds:
-                if start is not None:
-                    next_at, start = await self.read_claim_start(start), None
-                book = book or GateBook(self.configs, self.gates.get, self.now)
-                if self.admit(book, candidates, chosen, excluded, (limit, ahead), alone):
-                    break
-        if start is not None:  # no candidate at all
-            next_at = await self.read_claim_start(start)
-        book = book or GateBook(self.configs, self.gates.get, self.now)
-        for name in book.changed:
-            self.gates.put(name, book.states[name])
-        wake_at = earliest(book.wake_at(), next_at)
-        return await self.lease(chosen, worker, lease_for, wake_at)
-
-    async def backpressure(self) -> list[KindLimit]:
-        """How many tasks the stages feeding a bounded stage may start in this claim: its room
-        now, less what their running tasks may still add (store/bounds.py). Read before the
-        claim's batches, with no lock: two claims that read the same room may together start
-        more than it, and the successors that then do not fit defer their task (`defer`)."""
-        counted = stage_bounds.counted_kinds(self.settings.stages)
-        if not counted:
-            return []
-        queued: dict[str, int] = {}
-        active: dict[str, int] = {}
-        for found in await self.rows("stage_counts", kinds=counted):
-            queued[found["kind"]] = int(found["queued"])
-            active[found["kind"]] = int(found["active"])
-        limits = stage_bounds.backpressure(self.settings.stages, queued, active)
-        self._held_back = stage_bounds.holding_back(limits)
-        return list(limits.values())
-
-    async def sweep(self, *, fold: bool = False) -> float:
-        """Reap expired leases and age low tasks, and `fold` the tallies; return the store time
-        it ran at."""
-        await self.read_clock()
-        aging = await self.send_aging()
-        if await self.reap():
-            aging = await self.send_aging()  # tasks made ready again may age as well
-        await self.age(aging)
-        if fold:
-            await self.run("fold_tallies")
-        return self.now
-
-    async def read_claim_start(self, sent: Pending) -> float | None:
-        """The time `claim_start` fixed for the claim's statements and the counters it read;
-        return the earliest future run_at of a ready task (reaping and leasing cannot change
-        it)."""
-        found = await sent.fetchone()
-        if found is None:
-            raise StoreError(f"{self.driver.name} store: claim_start returned no row")
-        self.now = max(self.now, float(found["now"]))
-        self._dispatches = int(found["dispatches"])
-        self._virtual_time = float(found["virtual_time"])
-        if found["sweep_due"]:
-            raise SweepDue
-        return None if found["next_at"] is None else float(found["next_at"])
-
-    async def rounds(
-        self,
-        kinds: list[str] | None,
-        excluded: set[str],
-        limit: int,
-        chosen: Sequence[Candidate],
-    ) -> AsyncGenerator[list[Candidate], None]:
-        """Ready tasks due now in (tier, tag, id) order, a batch at a time (the first just big
-        enough for `limit`, then growing): in one statement, each batch's gates are locked
-        first, then its tasks whose gates this claim holds. Handed out whole rounds at a time:
-        a run of equal (tier, tag) is never split, so `take_turns` sees each round entire. Gate
-        keys in `excluded` (refused so far) are left out of later batches.
-
-        A batch's range grows, but the tasks it locks are only as many as the claim still
-        needs past `chosen` (`first_batch`): with several workers, a later batch is mostly
-        rows other claims hold, and every row a claim locks and does not lease is skipped by
-        the others until it commits. When a batch locks that many, the next one starts after
-        the last of them, not at the end of the range."""
-        after: tuple[int, float, int] = (-1, 0.0, 0)
-        size = first_batch(limit)
-        held: list[Candidate] = []
-        while True:
-            open_kinds = self._budget.open_kinds(kinds)
-            if open_kinds == []:  # every kind asked for is in a full group
-                if held:
-                    yield held
-                return
-            batch = {
-                "tier": after[0],
-                "tag": after[1],
-                "id": after[2],
-                "kinds": open_kinds,
-                "memory": self._memory.most(),
-            }
-            take = min(size, first_batch(max(0, limit - len(chosen) - len(held))))
-            peeked, last, tasks = await self.claim_batch(batch, sorted(excluded), size, take)
-            if len(tasks) >= take:  # the rest of the range may hold tasks not taken yet
-                after = (tasks[-1].tier, tasks[-1].tag, tasks[-1].id)
-            elif peeked < size:
-                if held or tasks:
-                    yield held + tasks
-                return
-            else:
-                assert last is not None
-                after = last
-            size = min(CLAIM_BATCH, size * 4)
-            if not (held or tasks):  # every task of the batch held by others, or refused
-                continue
-            whole, held = _split_last_round([*held, *tasks])
-            if whole:
-                yield whole
-
-    async def claim_batch(
-        self, batch: Mapping[str, object], refused: list[str], size: int, take: int
-    ) -> tuple[int, tuple[int, float, int] | None, list[Candidate]]:
-        """The next batch of up to `size` candidates: its gates locked (the first time, the
-        clock read once they are held), then the first `take` of its tasks whose gates are
-        all held. Returns how many tasks the batch had, the last one's (tier, tag, id) and
-        the tasks taken. A gate used for the first time has no row to lock yet: it is made,
-        and the batch read again."""
-        for _ in range(2):
-            # Until the claim holds (or met busy) a gate of its own, the clock is read again
-            # once the batch's gates are held: it may have waited for them. Gates that outcomes
-            # in the same transaction hold do not count.
-            first = len(self.gates.states) + len(self.gates.busy) == self._gates_before_claim
-            sent = await self.send(
-                "claim_batch",
-                **batch,
-                refused=refused,
-                batch=size,
-                take=take,
-                held=sorted(self.gates.states),
-                top=max(self.gates.states, default=""),
-            )
-            columns, rows = await sent.table()
-            edge = dict(zip(columns, rows[0], strict=True))
-            if first:  # `now`: the server's clock once the batch's gates were held
-                self.clock_read(edge["now"])
-            self.gates.take(edge["gate_rows"])
-            others = [name for name in edge["wanted"] if name not in self.gates.states]
-            if not others or not await self.gates.make(others):
-                self.gates.busy.update(others)  # another claim holds them: its tasks are its
-                break
-        # when each flow and lane was last served, read with the candidates
-        id_, flow, lane, flow_served, lane_served = positions(
-            columns, ("id", "flow", "lane", "flow_served", "lane_served")
-        )
-        for row in rows:
-            if row[id_] is not None:
-                self._served.setdefault(row[flow], int(row[flow_served]))
-                self._served.setdefault(row[lane], int(row[lane_served]))
-        tasks = candidates_of(columns, rows)
-        if edge["last_id"] is None:
-            return 0, None, tasks
-        last = (int(edge["last_tier"]), float(edge["last_tag"]), int(edge["last_id"]))
-        return int(edge["peeked"]), last, tasks
-
-    def admit(
-        self,
-        book: GateBook,
-        candidates: Sequence[Candidate],
-        chosen: list[Candidate],
-        excluded: set[str],
-        size: tuple[int, int],
-        alone: bool,
-    ) -> bool:
-        """Choose among `candidates` in turn, up to `size` (a limit, and how many more may
-        wait in the worker); True once the claim is complete."""
-        limit, ahead = size
-        ordered = fairness.take_turns(
-            candidates,
-            rank=lambda task: (task.tier, task.tag),
-            flow=lambda task: task.flow,
-            last_served=self.last_served,
-            lane=lambda task: task.lane,
-        )
-        for task in ordered:
-            if len(chosen) >= limit + ahead:
-                break
-            if not takes(task, len(chosen), limit, ahead):
-                continue
-            key = gate_key(task.gates)
-            if key in excluded or key in book.refused_keys:
-                continue
-            if not self.fits(task, len(chosen), alone):
-                self._solo_waiting = self._solo_waiting or waits_for_alone(task, len(chosen), alone)
-                continue
-            if self.gates.busy.intersection(task.gates):
-                excluded.add(key)  # another claim holds one of its gates: next claim
-            elif book.admit(task.gates):
-                chosen.append(task)
-                self._budget.take(task.kind)
-                self._memory.take(task.memory)
-                self.dispatched(task)
-                if task.solo:
-                    return True
-        excluded.update(book.refused_keys)
-        return len(chosen) >= limit + ahead
-
-    def fits(self, task: Candidate, chosen: int, alone: bool) -> bool:
-        """Whether the worker may take `task` beside the `chosen` ones: alone if it must be, a
-        slot of its class free, its memory within what is left."""
-        return (
-            fits_claim(task, chosen, alone)
-            and self._budget.fits(task.kind)
-            and self._memory.fits(task.memory)
-        )
+    budget: KindBudget  # what it may still take of each group of kinds
+    memory: MemoryBudget  # what it may still charge of the worker's memory
+    gates_before: int  # gates held or met busy when it began (its transaction's outcomes')
+    held_back: frozenset[str]  # full stages that hold their feeders back
+    solo_waiting: bool = False  # it passed over a task that must run alone
+    served: dict[str, int] = field(default_factory=dict)  # each lane's last dispatch count
+    last_tags: dict[str, float] = field(default_factory=dict)  # each lane's last tag now
+    served_now: set[str] = field(default_factory=set)  # the lanes it served
 
     def last_served(self, name: str) -> int:
         """When a flow or a lane was last served: the dispatch count then, 0 if never."""
-        return self._served.get(name, 0)
+        return self.served.get(name, 0)
 
-    def dispatched(self, task: Candidate) -> None:
-        self._virtual_time = fairness.advance(self._virtual_time or 0.0, task.tag)
-        self._dispatches = (self._dispatches or 0) + 1
-        self._served[task.lane] = self._dispatches
-        self._served_now.add(task.lane)
-        self._last_tags[task.lane] = max(self._last_tags.get(task.lane, task.tag), task.tag)
 
-    async def lease(
-        self, chosen: Sequence[Candidate], worker: str, lease_for: float, wake_at: float | None
-    ) -> Claimed:
-        """Lease `chosen`; the leased rows are read once the transaction has committed (they
-        come back with the commit: one round trip for both)."""
-        until = self.now + lease_for
-        if not chosen:
-            return Claimed(None, [], until, self.now, wake_at, self._solo_waiting)
-        ids = [task.id for task in chosen]
-        if any(task.kind in self._held_back for task in chosen):
-            self.wake = True  # room downstream: claims that backpressure held back may go on
-        rated = sorted({name for task in chosen for name in task.gates if self.rated(name)})
-        # The flows are served in the same statement, once the tasks are leased: other claims
-        # serving the same flow wait for its row from there to the commit, not while this one
-        # leases (on PostgreSQL, a claim of a few hundred tasks that locked its flows first held
-        # them through its whole lease, and four workers on one flow queued for it). Its turns
-        # are numbered once its flows are held, so in the order flows are served.
-        flows = sorted(self._served_now)
-        leased = await self.send(
-            "lease_tasks",
-            ids=ids,
-            rated=rated,
-            worker=worker,
-            until=until,
-            virtual_time=self._virtual_time or 0.0,
-            # turns numbered up to this claim's count (`base`), renumbered once it is counted
-            base=self._dispatches or 0,
-            flows=flows,
-            served=[self._served[flow] for flow in flows],
-            tags=[self._last_tags[flow] for flow in flows],
-        )
-        return Claimed(leased, ids, until, self.now, wake_at, self._solo_waiting)
+async def claim(
+    tx: Transaction,
+    worker: str,
+    limit: int,
+    lease_for: float,
+    kinds: list[str] | None,
+    *,
+    alone: bool = True,
+    durable: bool = True,
+    within: Sequence[KindLimit] = (),
+    memory: MemoryRoom | None = None,
+    ahead: int = 0,
+    sweep_check: bool = False,
+) -> Claimed:
+    """The claim's time, counters and next run_at (`claim_start`) come back with the first
+    batch's gates, in one round trip. Each batch's gates are locked before its tasks, so a
+    task is only ever held by a claim that holds its gates: two claims never hand a gate's
+    tickets out of (tier, tag) order. Not `durable`: the commit does not wait for the WAL
+    flush. `within`: at most so many tasks of each group of kinds (a worker's cost
+    classes); a full group's kinds are left out of later batches. `memory`: what the tasks
+    taken may charge of the worker's memory (`MemoryBudget`); later batches leave out tasks
+    larger than what is left. `ahead`: up to so many more tasks past `limit` that may wait
+    in the worker for a slot (`dispatch.may_wait`). `sweep_check`: PostgreSQL's
+    `claim_start` also looks whether a sweep would find anything (two index probes), and
+    SweepDue is raised if it would: a store whose sweeps are transactions of their own runs
+    one only then (SQLite's sweep in the claim's transaction and never ask)."""
+    limits = await backpressure(tx)
+    run = Taking(
+        KindBudget([*within, *limits.values()]),
+        MemoryBudget(memory),
+        gates_before=len(tx.gates.states) + len(tx.gates.busy),
+        held_back=stage_bounds.holding_back(limits),
+    )
+    clock = None if tx.clock is None else tx.clock.now()
+    commit = "on" if durable else "off"
+    step = tx.settings.aging_step
+    start: Pending | None = await tx.send(
+        "claim_start",
+        clock=clock,
+        commit=commit,
+        sweep_check=sweep_check,
+        ceiling=int(AGING_CEILING),
+        aging_step=step if step > 0 else None,
+        slack=AGING_SLACK,
+    )
+    next_at: float | None = None
+    chosen: list[Candidate] = []
+    excluded: set[str] = set()
+    book: GateBook | None = None
+    async with contextlib.aclosing(
+        rounds(tx, run, kinds, excluded, limit + ahead, chosen)
+    ) as batches:
+        async for candidates in batches:
+            if start is not None:
+                next_at, start = await read_claim_start(tx, start), None
+            book = book or GateBook(tx.configs, tx.gates.get, tx.now)
+            if admit(tx, run, book, candidates, chosen, excluded, (limit, ahead), alone):
+                break
+    if start is not None:  # no candidate at all
+        next_at = await read_claim_start(tx, start)
+    book = book or GateBook(tx.configs, tx.gates.get, tx.now)
+    for name in book.changed:
+        tx.gates.put(name, book.states[name])
+    wake_at = earliest(book.wake_at(), next_at)
+    return await lease(tx, run, chosen, worker, lease_for, wake_at)
 
-    async def send_aging(self) -> Pending | None:
-        """Ready tasks below the aging ceiling that may have waited an aging step."""
-        step = self.settings.aging_step
-        if step <= 0:
-            return None
-        cutoff = self.now - step + AGING_SLACK
-        return await self.send("aging_candidates", ceiling=int(AGING_CEILING), cutoff=cutoff)
 
-    async def age(self, candidates: Pending | None) -> None:
-        if candidates is None:
+async def backpressure(tx: Transaction) -> dict[str, KindLimit]:
+    """How many tasks the stages feeding a bounded stage may start in this claim: its room
+    now, less what their running tasks may still add (store/machine/bounds.py). Read before the
+    claim's batches, with no lock: two claims that read the same room may together start
+    more than it, and the successors that then do not fit defer their task (`defer`)."""
+    counted = stage_bounds.counted_kinds(tx.settings.stages)
+    if not counted:
+        return {}
+    queued: dict[str, int] = {}
+    active: dict[str, int] = {}
+    for found in await tx.rows("stage_counts", kinds=counted):
+        queued[found["kind"]] = int(found["queued"])
+        active[found["kind"]] = int(found["active"])
+    return stage_bounds.backpressure(tx.settings.stages, queued, active)
+
+
+async def sweep(tx: Transaction, *, fold: bool = False) -> float:
+    """Reap expired leases and age low tasks, and `fold` the tallies; return the store time
+    it ran at."""
+    await tx.read_clock()
+    aging = await send_aging(tx)
+    if await outcomes.reap(tx):
+        aging = await send_aging(tx)  # tasks made ready again may age as well
+    await age(tx, aging)
+    if fold:
+        await tx.run("fold_tallies")
+    return tx.now
+
+
+async def read_claim_start(tx: Transaction, sent: Pending) -> float | None:
+    """The time `claim_start` fixed for the claim's statements and the counters it read;
+    return the earliest future run_at of a ready task (reaping and leasing cannot change
+    it)."""
+    found = await sent.fetchone()
+    if found is None:
+        raise StoreError(f"{tx.driver.name} store: claim_start returned no row")
+    tx.now = max(tx.now, float(found["now"]))
+    tx.dispatches = int(found["dispatches"])
+    tx.virtual_time = float(found["virtual_time"])
+    if found["sweep_due"]:
+        raise SweepDue
+    return None if found["next_at"] is None else float(found["next_at"])
+
+
+async def rounds(
+    tx: Transaction,
+    run: Taking,
+    kinds: list[str] | None,
+    excluded: set[str],
+    limit: int,
+    chosen: Sequence[Candidate],
+) -> AsyncGenerator[list[Candidate], None]:
+    """Ready tasks due now in (tier, tag, id) order, a batch at a time (the first just big
+    enough for `limit`, then growing): in one statement, each batch's gates are locked
+    first, then its tasks whose gates this claim holds. Handed out whole rounds at a time:
+    a run of equal (tier, tag) is never split, so `take_turns` sees each round entire. Gate
+    keys in `excluded` (refused so far) are left out of later batches.
+
+    A batch's range grows, but the tasks it locks are only as many as the claim still
+    needs past `chosen` (`first_batch`): with several workers, a later batch is mostly
+    rows other claims hold, and every row a claim locks and does not lease is skipped by
+    the others until it commits. When a batch locks that many, the next one starts after
+    the last of them, not at the end of the range."""
+    after: tuple[int, float, int] = (-1, 0.0, 0)
+    size = first_batch(limit)
+    held: list[Candidate] = []
+    while True:
+        open_kinds = run.budget.open_kinds(kinds)
+        if open_kinds == []:  # every kind asked for is in a full group
+            if held:
+                yield held
             return
-        promoted: dict[int, int] = {}
-        for found in await candidates.fetchall():
-            tier = Tier(found["tier"])
-            aged = aged_tier(tier, self.now - found["ready_since"], self.settings.aging_step)
-            if aged != tier:
-                promoted[int(found["id"])] = int(aged)
-        if promoted:
-            await self.run("promote", ids=list(promoted), tiers=list(promoted.values()))
+        batch = {
+            "tier": after[0],
+            "tag": after[1],
+            "id": after[2],
+            "kinds": open_kinds,
+            "memory": run.memory.most(),
+        }
+        take = min(size, first_batch(max(0, limit - len(chosen) - len(held))))
+        peeked, last, tasks = await claim_batch(tx, run, batch, sorted(excluded), size, take)
+        if len(tasks) >= take:  # the rest of the range may hold tasks not taken yet
+            after = (tasks[-1].tier, tasks[-1].tag, tasks[-1].id)
+        elif peeked < size:
+            if held or tasks:
+                yield held + tasks
+            return
+        else:
+            assert last is not None
+            after = last
+        size = min(CLAIM_BATCH, size * 4)
+        if not (held or tasks):  # every task of the batch held by others, or refused
+            continue
+        whole, held = _split_last_round([*held, *tasks])
+        if whole:
+            yield whole
 
-    async def claim_polls(
-        self, worker: str, limit: int, lease_for: float, kinds: list[str] | None
-    ) -> ClaimResult:
-        due = [
-            int(row["id"]) for row in await self.rows("due_polls", kinds=kinds, limit=max(0, limit))
-        ]
-        leases: list[Lease] = []
-        if due:
-            until = self.now + lease_for
-            found = await self.rows("lease_polls", ids=due, worker=worker, until=until)
-            leased = {record.id: record for record in map(task_of, found)}
-            leases = [Lease(leased[i], leased[i].lease_token, until) for i in due]
-        later = (await self.one("next_poll_at"))["at"]
-        return ClaimResult(tuple(leases), self.now, later)
+
+async def claim_batch(
+    tx: Transaction,
+    run: Taking,
+    batch: Mapping[str, object],
+    refused: list[str],
+    size: int,
+    take: int,
+) -> tuple[int, tuple[int, float, int] | None, list[Candidate]]:
+    """The next batch of up to `size` candidates: its gates locked (the first time, the
+    clock read once they are held), then the first `take` of its tasks whose gates are
+    all held. Returns how many tasks the batch had, the last one's (tier, tag, id) and
+    the tasks taken. A gate used for the first time has no row to lock yet: it is made,
+    and the batch read again."""
+    for _ in range(2):
+        # Until the claim holds (or met busy) a gate of its own, the clock is read again
+        # once the batch's gates are held: it may have waited for them. Gates that outcomes
+        # in the same transaction hold do not count.
+        first = len(tx.gates.states) + len(tx.gates.busy) == run.gates_before
+        sent = await tx.send(
+            "claim_batch",
+            **batch,
+            refused=refused,
+            batch=size,
+            take=take,
+            held=sorted(tx.gates.states),
+            top=max(tx.gates.states, default=""),
+        )
+        columns, rows = await sent.table()
+        edge = dict(zip(columns, rows[0], strict=True))
+        if first:  # `now`: the server's clock once the batch's gates were held
+            tx.clock_read(edge["now"])
+        tx.gates.take(edge["gate_rows"])
+        others = [name for name in edge["wanted"] if name not in tx.gates.states]
+        if not others or not await tx.gates.make(others):
+            tx.gates.busy.update(others)  # another claim holds them: its tasks are its
+            break
+    # when each flow and lane was last served, read with the candidates
+    id_, flow, lane, flow_served, lane_served = positions(
+        columns, ("id", "flow", "lane", "flow_served", "lane_served")
+    )
+    for row in rows:
+        if row[id_] is not None:
+            run.served.setdefault(row[flow], int(row[flow_served]))
+            run.served.setdefault(row[lane], int(row[lane_served]))
+    tasks = candidates_of(columns, rows)
+    if edge["last_id"] is None:
+        return 0, None, tasks
+    last = (int(edge["last_tier"]), float(edge["last_tag"]), int(edge["last_id"]))
+    return int(edge["peeked"]), last, tasks
+
+
+def admit(
+    tx: Transaction,
+    run: Taking,
+    book: GateBook,
+    candidates: Sequence[Candidate],
+    chosen: list[Candidate],
+    excluded: set[str],
+    size: tuple[int, int],
+    alone: bool,
+) -> bool:
+    """Choose among `candidates` in turn, up to `size` (a limit, and how many more may
+    wait in the worker); True once the claim is complete."""
+    limit, ahead = size
+    ordered = fairness.take_turns(
+        candidates,
+        rank=lambda task: (task.tier, task.tag),
+        flow=lambda task: task.flow,
+        last_served=run.last_served,
+        lane=lambda task: task.lane,
+    )
+    for task in ordered:
+        if len(chosen) >= limit + ahead:
+            break
+        if not takes(task, len(chosen), limit, ahead):
+            continue
+        key = gate_key(task.gates)
+        if key in excluded or key in book.refused_keys:
+            continue
+        if not fits(run, task, len(chosen), alone):
+            run.solo_waiting = run.solo_waiting or waits_for_alone(task, len(chosen), alone)
+            continue
+        if tx.gates.busy.intersection(task.gates):
+            excluded.add(key)  # another claim holds one of its gates: next claim
+        elif book.admit(task.gates):
+            chosen.append(task)
+            run.budget.take(task.kind)
+            run.memory.take(task.memory)
+            dispatched(tx, run, task)
+            if task.solo:
+                return True
+    excluded.update(book.refused_keys)
+    return len(chosen) >= limit + ahead
+
+
+def fits(run: Taking, task: Candidate, chosen: int, alone: bool) -> bool:
+    """Whether the worker may take `task` beside the `chosen` ones: alone if it must be, a
+    slot of its class free, its memory within what is left."""
+    return (
+        fits_claim(task, chosen, alone)
+        and run.budget.fits(task.kind)
+        and run.memory.fits(task.memory)
+    )
+
+
+def dispatched(tx: Transaction, run: Taking, task: Candidate) -> None:
+    tx.virtual_time = fairness.advance(tx.virtual_time or 0.0, task.tag)
+    tx.dispatches = (tx.dispatches or 0) + 1
+    run.served[task.lane] = tx.dispatches
+    run.served_now.add(task.lane)
+    run.last_tags[task.lane] = max(run.last_tags.get(task.lane, task.tag), task.tag)
+
+
+async def lease(
+    tx: Transaction,
+    run: Taking,
+    chosen: Sequence[Candidate],
+    worker: str,
+    lease_for: float,
+    wake_at: float | None,
+) -> Claimed:
+    """Lease `chosen`; the leased rows are read once the transaction has committed (they
+    come back with the commit: one round trip for both)."""
+    until = tx.now + lease_for
+    if not chosen:
+        return Claimed(None, [], until, tx.now, wake_at, run.solo_waiting)
+    ids = [task.id for task in chosen]
+    if any(task.kind in run.held_back for task in chosen):
+        tx.wake = True  # room downstream: claims that backpressure held back may go on
+    rated = sorted({name for task in chosen for name in task.gates if tickets.rated(tx, name)})
+    # The flows are served in the same statement, once the tasks are leased: other claims
+    # serving the same flow wait for its row from there to the commit, not while this one
+    # leases (on PostgreSQL, a claim of a few hundred tasks that locked its flows first held
+    # them through its whole lease, and four workers on one flow queued for it). Its turns
+    # are numbered once its flows are held, so in the order flows are served.
+    flows = sorted(run.served_now)
+    leased = await tx.send(
+        "lease_tasks",
+        ids=ids,
+        rated=rated,
+        worker=worker,
+        until=until,
+        virtual_time=tx.virtual_time or 0.0,
+        # turns numbered up to this claim's count (`base`), renumbered once it is counted
+        base=tx.dispatches or 0,
+        flows=flows,
+        served=[run.served[flow] for flow in flows],
+        tags=[run.last_tags[flow] for flow in flows],
+    )
+    return Claimed(leased, ids, until, tx.now, wake_at, run.solo_waiting)
+
+
+async def send_aging(tx: Transaction) -> Pending | None:
+    """Ready tasks below the aging ceiling that may have waited an aging step."""
+    step = tx.settings.aging_step
+    if step <= 0:
+        return None
+    cutoff = tx.now - step + AGING_SLACK
+    return await tx.send("aging_candidates", ceiling=int(AGING_CEILING), cutoff=cutoff)
+
+
+async def age(tx: Transaction, candidates: Pending | None) -> None:
+    if candidates is None:
+        return
+    promoted: dict[int, int] = {}
+    for found in await candidates.fetchall():
+        tier = Tier(found["tier"])
+        aged = aged_tier(tier, tx.now - found["ready_since"], tx.settings.aging_step)
+        if aged != tier:
+            promoted[int(found["id"])] = int(aged)
+    if promoted:
+        await tx.run("promote", ids=list(promoted), tiers=list(promoted.values()))
+
+
+async def claim_polls(
+    tx: Transaction, worker: str, limit: int, lease_for: float, kinds: list[str] | None
+) -> ClaimResult:
+    due = [int(row["id"]) for row in await tx.rows("due_polls", kinds=kinds, limit=max(0, limit))]
+    leases: list[Lease] = []
+    if due:
+        until = tx.now + lease_for
+        found = await tx.rows("lease_polls", ids=due, worker=worker, until=until)
+        leased = {record.id: record for record in map(task_of, found)}
+        leases = [Lease(leased[i], leased[i].lease_token, until) for i in due]
+    later = (await tx.one("next_poll_at"))["at"]
+    return ClaimResult(tuple(leases), tx.now, later)
 
 
 def first_batch(limit: int) -> int:

@@ -17,15 +17,15 @@ from headrace.policy.errors import (
     UnknownTask,
 )
 from headrace.policy.gate import GateConfig, GateState
-from headrace.store import bounds as stage_bounds
-from headrace.store.dispatch import KindBudget, MemoryBudget
-from headrace.store.rows import (
+from headrace.store.machine import bounds as stage_bounds
+from headrace.store.machine.rows import (
     Row,
     gate_params,
     gate_state_of,
     task_of,
 )
-from headrace.store.types import (
+from headrace.store.protocol.records import Record
+from headrace.store.protocol.types import (
     Settings,
     TaskRecord,
 )
@@ -42,6 +42,13 @@ SWEEP_EVERY = 0.1
 # on PostgreSQL the changes its triggers appended move into the tallies, so a read sums at most
 # what changed in about that time; on SQLite the tallies that count nothing go.
 FOLD_EVERY = 10.0
+# Held from numbering a transaction's records to its commit, so that seqs commit in the order
+# they are taken: a reader that sees a record's seq has seen every smaller one that will ever be
+# (a list past a cursor never gains an item before it). Taken as the transaction's last step
+# (`number_records`), after every other lock, so a writer holds it for its commit alone, never
+# while it waits on its client (a cut link, a stalled process would hold up every writer of
+# records). SQLite's single writer gives the order without a lock.
+SEQ_LOCK = "headrace.records.seq"
 
 
 class Pending(Protocol):
@@ -51,7 +58,7 @@ class Pending(Protocol):
 
     async def fetchone(self) -> Any | None: ...
 
-    async def table(self) -> tuple[Sequence[str], list[Sequence[Any]]]:
+    async def table(self) -> tuple[Sequence[str], Sequence[Sequence[Any]]]:
         """Its column names and its rows as tuples, for reading by position (`rows.tasks_of`,
         `rows.candidates_of`): no dict made for each row."""
         ...
@@ -115,7 +122,7 @@ class GateRows:
     waiting for other writers; a claim that finds a gate out of that order takes it only if it
     is free (`busy` names the others), so two claims never wait on each other."""
 
-    def __init__(self, tx: Steps) -> None:
+    def __init__(self, tx: Transaction) -> None:
         self._tx = tx
         self.states: dict[str, GateState] = {}
         self.changed: set[str] = set()
@@ -188,8 +195,10 @@ class GateRows:
             self.changed.clear()
 
 
-class Steps:
-    """One verb's transaction: its driver, its clock and what it holds until it ends."""
+class Transaction:
+    """One verb's transaction: its driver, its clock and what it holds until it ends, handed to
+    the steps of each family of verbs (tickets.py, submit.py, outcomes.py, claim.py, records.py,
+    pruning.py, reads.py)."""
 
     def __init__(
         self,
@@ -202,26 +211,22 @@ class Steps:
         self.configs = configs
         self.settings = settings
         self.limits = stage_bounds.by_kind(settings.stages)  # the stages' limits, by name
-        self._clock = clock
+        self.clock = clock
         self.now = -math.inf
         self.gates = GateRows(self)
         self.wake = False  # notify listeners when this transaction commits
-        self._virtual_time: float | None = None
-        self._dispatches: int | None = None
-        self._served: dict[str, int] = {}
-        self._last_tags: dict[str, float] = {}  # the tag of each lane's last task dispatched now
-        self._served_now: set[str] = set()
-        self._tickets: dict[int, list[Row]] = {}  # ticket counts read, by task
-        self._held: dict[int, TaskRecord] = {}  # tasks locked for outcomes, not yet written
-        self._dependents = False  # `prepare` locked tasks waiting on those outcomes
-        self._ledger: dict[tuple[str, str, str], float] = {}  # units, by (group, kind, worker)
-        self._counters: Pending | None = None  # meta_values, sent early
-        self._finishes: dict[str, float] = {}  # flows' finish tags after tagging new tasks
-        self._gates_before_claim = 0  # gates held or met busy when the claim began (outcomes')
-        self._budget = KindBudget(())  # what a claim may still take of each group of kinds
-        self._memory = MemoryBudget(None)  # what a claim may still charge of a worker's memory
-        self._solo_waiting = False  # a claim passed over a task that must run alone
-        self._held_back: frozenset[str] = frozenset()  # full stages that hold feeders back
+        # What several steps of one transaction share (a verb's own working state stays in
+        # its module: a claim's `Taking`, a batch of outcomes' `Held`). The store-wide
+        # counters, read once (`load_counters`) by submissions and claims, and sent early:
+        self.counters: Pending | None = None
+        self.virtual_time: float | None = None
+        self.dispatches: int | None = None
+        self.finishes: dict[str, float] = {}  # flows' finish tags after tagging new tasks
+        self.tickets: dict[int, list[Row]] = {}  # ticket counts read, by task
+        # Written at the end (`conclude`): the ledger's units, by (group, kind, worker), and
+        # the records made or moved, by key, to be numbered again.
+        self.ledger: dict[tuple[str, str, str], float] = {}
+        self.numbered: dict[tuple[str, str], list[Record]] = {}
 
     # -- statements
 
@@ -260,21 +265,21 @@ class Steps:
     async def send_clock(self) -> Pending | None:
         """Ask the server for its time (None when a clock was given): sent after a lock, it
         answers once the lock is held."""
-        return None if self._clock is not None else await self.send("server_now")
+        return None if self.clock is not None else await self.send("server_now")
 
     async def read_clock(self, sent: Pending | None = None) -> None:
         """The store's time: the server's clock (the answer to `sent`, or asked now) unless a
         clock was given. It never goes back within a transaction."""
         found = None
-        if self._clock is None:
+        if self.clock is None:
             found = await (sent or await self.send("server_now")).fetchone()
         self.clock_read(None if found is None else found["now"])
 
     def clock_read(self, server: float | None) -> None:
         """The store's time, given the server's clock as a statement read it (`server`, None
         when it did not): the clock given, if any. It never goes back within a transaction."""
-        if self._clock is not None:
-            now = self._clock.now()
+        if self.clock is not None:
+            now = self.clock.now()
         else:
             now = -math.inf if server is None else float(server)
         self.now = max(self.now, now)
@@ -290,12 +295,29 @@ class Steps:
         return self.now, (sent + time.monotonic()) / 2
 
     async def conclude(self) -> None:
-        """Write what the transaction kept until its end: gate states, then the ledger."""
+        """Write what the transaction kept until its end: gate states, the ledger, then the
+        seqs of the records it made or moved."""
         await self.gates.flush()
-        if self._ledger:  # last, in key order
-            charged = sorted(self._ledger.items())
+        if self.ledger:  # last, in key order
+            charged = sorted(self.ledger.items())
             params = [{"grp": g, "kind": k, "worker": w, "units": n} for (g, k, w), n in charged]
             await self.run_many("add_to_ledger", params)
+        await self.number_records()
+
+    async def number_records(self) -> None:
+        """Give the records made or moved their seqs under SEQ_LOCK, as the transaction ends
+        (the seqs they were written with hold their place until then), and set them on the
+        records this transaction returns."""
+        if not self.numbered:
+            return
+        await self.run("advisory_lock", lock=SEQ_LOCK)
+        keys = sorted(self.numbered)
+        found = await self.rows(
+            "number_records", kinds=[kind for kind, _ in keys], ids=[i for _, i in keys]
+        )
+        for row in found:
+            for record in self.numbered[(row["kind"], row["id"])]:
+                object.__setattr__(record, "seq", int(row["seq"]))  # not yet handed out
 
     # -- what every verb may read
 
@@ -306,8 +328,8 @@ class Steps:
         return task_of(found)
 
     async def load_counters(self) -> None:
-        if self._dispatches is None:
-            sent = self._counters or await self.send("meta_values")
+        if self.dispatches is None:
+            sent = self.counters or await self.send("meta_values")
             found = {row["name"]: row["value"] for row in await sent.fetchall()}
-            self._dispatches = int(found["dispatches"])
-            self._virtual_time = float(found["virtual_time"])
+            self.dispatches = int(found["dispatches"])
+            self.virtual_time = float(found["virtual_time"])

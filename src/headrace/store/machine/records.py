@@ -1,6 +1,6 @@
-"""Records, their audit rows and the outbox (`store/records.py`) as transaction steps: a change
-locks its record, decides (`records.decide`), and writes the record, the audit row and the
-notice it owes together."""
+"""Records, their audit rows and the outbox (`store/protocol/records.py`) as transaction steps: a
+change locks its record, decides (`records.decide`), and writes the record, the audit row and the
+notice it owes together; the records a pipeline deletes, and those a pruner's batch does."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from headrace.policy.errors import UnknownRecord
-from headrace.store.machine.core import Steps
-from headrace.store.records import (
+from headrace.store.machine.core import Transaction
+from headrace.store.machine.rows import Row
+from headrace.store.protocol.records import (
     Age,
     Audit,
     AuditRow,
@@ -21,149 +22,137 @@ from headrace.store.records import (
     dump,
     load,
 )
-from headrace.store.rows import Row
-
-# Held from numbering a transaction's records to its commit, so that seqs commit in the order
-# they are taken: a reader that sees a record's seq has seen every smaller one that will ever be
-# (a list past a cursor never gains an item before it). Taken as the transaction's last step
-# (`number_records`), after every other lock, so a writer holds it for its commit alone, never
-# while it waits on its client (a cut link, a stalled process would hold up every writer of
-# records). SQLite's single writer gives the order without a lock.
-SEQ_LOCK = "headrace.records.seq"
 
 
-class RecordSteps(Steps):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # Records this transaction made or moved, by key: numbered again at its end.
-        self._numbered: dict[tuple[str, str], list[Record]] = {}
+def to_number(tx: Transaction, record: Record) -> Record:
+    tx.numbered.setdefault((record.kind, record.id), []).append(record)
+    return record
 
-    async def conclude(self) -> None:
-        await super().conclude()
-        await self.number_records()
 
-    async def number_records(self) -> None:
-        """Give the records made or moved their seqs under SEQ_LOCK, as the transaction ends
-        (the seqs they were written with hold their place until then), and set them on the
-        records this transaction returns."""
-        if not self._numbered:
-            return
-        await self.run("advisory_lock", lock=SEQ_LOCK)
-        keys = sorted(self._numbered)
-        found = await self.rows(
-            "number_records", kinds=[kind for kind, _ in keys], ids=[i for _, i in keys]
+async def put_record(
+    tx: Transaction,
+    kind: str,
+    record_id: str,
+    scope: str,
+    state: str,
+    body: str,
+    audit: Audit | None,
+) -> Changed:
+    made = await tx.row(
+        "insert_record", kind=kind, id=record_id, scope=scope, state=state, body=body
+    )
+    if made is None:  # it exists: the first writer's record stands
+        return Changed(record_of(await tx.one("record_by_id", kind=kind, id=record_id)), False)
+    record = to_number(tx, record_of(made))
+    if audit is not None:
+        await audit_row(tx, record, audit, "applied")
+    return Changed(record, True)
+
+
+async def change_record(
+    tx: Transaction,
+    kind: str,
+    record_id: str,
+    state: str | None,
+    body: Mapping[str, Any] | None,
+    when: Collection[str] | None,
+    age: Age | None,
+    audit: Audit | None,
+    notice: Notice | None,
+) -> Changed:
+    found = await tx.row("lock_record", kind=kind, id=record_id)
+    if found is None:
+        raise UnknownRecord(kind, record_id)
+    record = record_of(found)
+    decision = decide(record, state, body, when, age, tx.now)
+    if decision.applied:
+        query = "move_record" if decision.moved else "rewrite_record"
+        record = record_of(
+            await tx.one(
+                query, kind=kind, id=record_id, state=decision.state, body=dump(decision.body)
+            )
         )
-        for row in found:
-            for record in self._numbered[(row["kind"], row["id"])]:
-                object.__setattr__(record, "seq", int(row["seq"]))  # not yet handed out
-
-    def _to_number(self, record: Record) -> Record:
-        self._numbered.setdefault((record.kind, record.id), []).append(record)
-        return record
-
-    async def put_record(
-        self, kind: str, record_id: str, scope: str, state: str, body: str, audit: Audit | None
-    ) -> Changed:
-        made = await self.row(
-            "insert_record", kind=kind, id=record_id, scope=scope, state=state, body=body
-        )
-        if made is None:  # it exists: the first writer's record stands
-            return Changed(
-                record_of(await self.one("record_by_id", kind=kind, id=record_id)), False
-            )
-        record = self._to_number(record_of(made))
-        if audit is not None:
-            await self.audit_row(record, audit, "applied")
-        return Changed(record, True)
-
-    async def change_record(
-        self,
-        kind: str,
-        record_id: str,
-        state: str | None,
-        body: Mapping[str, Any] | None,
-        when: Collection[str] | None,
-        age: Age | None,
-        audit: Audit | None,
-        notice: Notice | None,
-    ) -> Changed:
-        found = await self.row("lock_record", kind=kind, id=record_id)
-        if found is None:
-            raise UnknownRecord(kind, record_id)
-        record = record_of(found)
-        decision = decide(record, state, body, when, age, self.now)
-        if decision.applied:
-            query = "move_record" if decision.moved else "rewrite_record"
-            record = record_of(
-                await self.one(
-                    query, kind=kind, id=record_id, state=decision.state, body=dump(decision.body)
-                )
-            )
-            if decision.moved or (record.kind, record.id) in self._numbered:
-                self._to_number(record)
-        if audit is not None:
-            await self.audit_row(record, audit, decision.outcome)
-        if notice is not None and decision.applied:
-            await self.run(
-                "insert_notice",
-                topic=notice.topic,
-                kind=kind,
-                record_id=record_id,
-                scope=record.scope,
-                body=dump(notice.body),
-            )
-        return Changed(record, decision.applied)
-
-    async def audit_row(self, record: Record, audit: Audit, outcome: str) -> None:
-        await self.write_audit(record.kind, record.id, record.scope, audit, outcome)
-
-    async def write_audit(
-        self, kind: str, record_id: str, scope: str, audit: Audit, outcome: str
-    ) -> None:
-        await self.run(
-            "insert_audit",
+        if decision.moved or (record.kind, record.id) in tx.numbered:
+            to_number(tx, record)
+    if audit is not None:
+        await audit_row(tx, record, audit, decision.outcome)
+    if notice is not None and decision.applied:
+        await tx.run(
+            "insert_notice",
+            topic=notice.topic,
             kind=kind,
             record_id=record_id,
-            scope=scope,
-            action=audit.action,
-            actor=audit.actor,
-            outcome=outcome,
-            detail=dump(audit.detail),
+            scope=record.scope,
+            body=dump(notice.body),
         )
+    return Changed(record, decision.applied)
 
-    async def get_record(self, kind: str, record_id: str) -> Record | None:
-        found = await self.row("record_by_id", kind=kind, id=record_id)
-        return None if found is None else record_of(found)
 
-    async def list_records(
-        self, kind: str, scope: str | None, state: str | None, after: int, limit: int
-    ) -> list[Record]:
-        found = await self.rows(
-            "list_records", kind=kind, scope=scope, state=state, after=after, limit=limit
-        )
-        return [record_of(row) for row in found]
+async def audit_row(tx: Transaction, record: Record, audit: Audit, outcome: str) -> None:
+    await write_audit(tx, record.kind, record.id, record.scope, audit, outcome)
 
-    async def count_records(
-        self, kind: str, scope: str | None, state: str | None, after: int
-    ) -> int:
-        found = await self.one("count_records", kind=kind, scope=scope, state=state, after=after)
-        return int(found["n"])
 
-    async def audit_log(
-        self, kind: str | None, record_id: str | None, scope: str | None, limit: int
-    ) -> list[AuditRow]:
-        found = await self.rows(
-            "audit_rows", kind=kind, record_id=record_id, scope=scope, limit=limit
-        )
-        return [audit_of(row) for row in found]
+async def write_audit(
+    tx: Transaction, kind: str, record_id: str, scope: str, audit: Audit, outcome: str
+) -> None:
+    await tx.run(
+        "insert_audit",
+        kind=kind,
+        record_id=record_id,
+        scope=scope,
+        action=audit.action,
+        actor=audit.actor,
+        outcome=outcome,
+        detail=dump(audit.detail),
+    )
 
-    async def outbox(self, after: int, pending: bool, limit: int) -> list[OutboxRow]:
-        found = await self.rows("outbox_rows", after=after, pending=pending, limit=limit)
-        return [notice_of(row) for row in found]
 
-    async def mark_delivered(self, ids: Sequence[int]) -> int:
-        found = await self.rows("mark_delivered", ids=list(ids))
-        return len(found)
+async def get_record(tx: Transaction, kind: str, record_id: str) -> Record | None:
+    found = await tx.row("record_by_id", kind=kind, id=record_id)
+    return None if found is None else record_of(found)
+
+
+async def list_records(
+    tx: Transaction, kind: str, scope: str | None, state: str | None, after: int, limit: int
+) -> list[Record]:
+    found = await tx.rows(
+        "list_records", kind=kind, scope=scope, state=state, after=after, limit=limit
+    )
+    return [record_of(row) for row in found]
+
+
+async def count_records(
+    tx: Transaction, kind: str, scope: str | None, state: str | None, after: int
+) -> int:
+    found = await tx.one("count_records", kind=kind, scope=scope, state=state, after=after)
+    return int(found["n"])
+
+
+async def audit_log(
+    tx: Transaction, kind: str | None, record_id: str | None, scope: str | None, limit: int
+) -> list[AuditRow]:
+    found = await tx.rows("audit_rows", kind=kind, record_id=record_id, scope=scope, limit=limit)
+    return [audit_of(row) for row in found]
+
+
+async def outbox(tx: Transaction, after: int, pending: bool, limit: int) -> list[OutboxRow]:
+    found = await tx.rows("outbox_rows", after=after, pending=pending, limit=limit)
+    return [notice_of(row) for row in found]
+
+
+async def mark_delivered(tx: Transaction, ids: Sequence[int]) -> int:
+    found = await tx.rows("mark_delivered", ids=list(ids))
+    return len(found)
+
+
+async def delete_records(
+    tx: Transaction, kind: str, ids: Sequence[str], states: Collection[str] | None
+) -> int:
+    """Delete records of `kind` among `ids` (those in `states`, when given); how many."""
+    if not ids:
+        return 0
+    wanted = None if states is None else sorted(states)
+    return len(await tx.rows("delete_records", kind=kind, ids=list(ids), states=wanted))
 
 
 def record_of(row: Row) -> Record:

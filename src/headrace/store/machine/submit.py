@@ -14,16 +14,15 @@ from headrace.policy.errors import (
     UnknownTask,
 )
 from headrace.policy.gate import GateConfig
-from headrace.store import bounds as stage_bounds
-from headrace.store import idempotency
-from headrace.store.ages import ready_since
-from headrace.store.dispatch import gate_key
-from headrace.store.machine.core import Json
-from headrace.store.machine.tickets import Tickets
-from headrace.store.rows import (
+from headrace.store.machine import bounds as stage_bounds
+from headrace.store.machine import idempotency, tickets
+from headrace.store.machine.core import Json, Transaction
+from headrace.store.machine.dispatch import gate_key
+from headrace.store.machine.rows import (
     Row,
 )
-from headrace.store.types import (
+from headrace.store.protocol.ages import ready_since
+from headrace.store.protocol.types import (
     UPSTREAM_FAILED,
     NewTask,
     Sibling,
@@ -41,198 +40,203 @@ class Planned:
     task: NewTask
     unmet: list[int]
     failed: bool  # a dependency is already dead or cancelled
-    payload_digest: str | None  # kept with a keyed task (store/idempotency.py)
+    payload_digest: str | None  # kept with a keyed task (store/machine/idempotency.py)
     tag: float = 0.0
 
 
-class Submission(Tickets):
-    # -- submission
+async def submit(
+    tx: Transaction, tasks: Sequence[NewTask], bounds: Mapping[str, int]
+) -> list[Submitted]:
+    """`bounds`: whole-stage bounds of this submit's own, over the stages' limits."""
+    limits = stage_bounds.by_kind(tx.settings.stages, bounds) if bounds else tx.limits
+    if not tasks or any(task.kind in limits for task in tasks):
+        await tx.read_clock()
+        states = await check_batch(tx, tasks)
+        planned = idempotency.plan(tasks, await known_keys(tx, tasks))
+        await check_bounds(tx, tasks, planned, limits)
+        return await create(tx, tasks, states, planned)
+    return await submit_unbounded(tx, tasks)
 
-    async def submit(self, tasks: Sequence[NewTask], bounds: Mapping[str, int]) -> list[Submitted]:
-        """`bounds`: whole-stage bounds of this submit's own, over the stages' limits."""
-        limits = stage_bounds.by_kind(self.settings.stages, bounds) if bounds else self.limits
-        if not tasks or any(task.kind in limits for task in tasks):
-            await self.read_clock()
-            states = await self.check_batch(tasks)
-            planned = idempotency.plan(tasks, await self.known_keys(tasks))
-            await self.check_bounds(tasks, planned, limits)
-            return await self.create(tasks, states, planned)
-        return await self.submit_unbounded(tasks)
 
-    async def submit_unbounded(self, tasks: Sequence[NewTask]) -> list[Submitted]:
-        """A batch no bound counts, in one round trip before the insert: the tasks it depends on
-        held (FOR SHARE), its keys locked and looked up (as `known_keys`), then its flows made
-        and locked, ids drawn (one per task, a few maybe unused), the virtual time read and the
-        clock (once the flows are locked), in one statement.
-        """
-        named = self.named_dependencies(tasks)
-        shared = await self.send("share_tasks", ids=sorted(set(named))) if named else None
-        keys = sorted({task.key for task in tasks if task.key is not None})
-        if keys:
-            await self.run("lock_keys", keys=keys)
-        keyed = await self.send("task_ids_by_keys", keys=keys) if keys else None
-        clock = None if self._clock is None else self._clock.now()
-        flows = sorted({task.lane for task in tasks})
-        start = await self.send("submit_start", flows=flows, n=len(tasks), clock=clock)
-        rows = await shared.fetchall() if shared is not None else []
-        states = {int(row["id"]): TaskState(row["state"]) for row in rows}
-        for dep in named:
-            if dep not in states:
-                raise UnknownTask(dep)
-        planned = idempotency.plan(
-            tasks, _known(await keyed.fetchall() if keyed is not None else [])
-        )
-        found = await start.fetchone()
-        if found is None:
-            raise StoreError(f"{self.driver.name} store: submit_start returned no row")
-        self.now = max(self.now, float(found["now"]))
-        self._virtual_time = float(found["virtual_time"])
-        finish = dict(zip(found["flows"], map(float, found["finish_tags"]), strict=True))
-        ids = [int(drawn) for drawn in found["ids"]]
-        return await self.create(tasks, states, planned, ids=ids, finish=finish)
+async def submit_unbounded(tx: Transaction, tasks: Sequence[NewTask]) -> list[Submitted]:
+    """A batch no bound counts, in one round trip before the insert: the tasks it depends on
+    held (FOR SHARE), its keys locked and looked up (as `known_keys`), then its flows made
+    and locked, ids drawn (one per task, a few maybe unused), the virtual time read and the
+    clock (once the flows are locked), in one statement.
+    """
+    named = named_dependencies(tx, tasks)
+    shared = await tx.send("share_tasks", ids=sorted(set(named))) if named else None
+    keys = sorted({task.key for task in tasks if task.key is not None})
+    if keys:
+        await tx.run("lock_keys", keys=keys)
+    keyed = await tx.send("task_ids_by_keys", keys=keys) if keys else None
+    clock = None if tx.clock is None else tx.clock.now()
+    flows = sorted({task.lane for task in tasks})
+    start = await tx.send("submit_start", flows=flows, n=len(tasks), clock=clock)
+    rows = await shared.fetchall() if shared is not None else []
+    states = {int(row["id"]): TaskState(row["state"]) for row in rows}
+    for dep in named:
+        if dep not in states:
+            raise UnknownTask(dep)
+    planned = idempotency.plan(tasks, _known(await keyed.fetchall() if keyed is not None else []))
+    found = await start.fetchone()
+    if found is None:
+        raise StoreError(f"{tx.driver.name} store: submit_start returned no row")
+    tx.now = max(tx.now, float(found["now"]))
+    tx.virtual_time = float(found["virtual_time"])
+    finish = dict(zip(found["flows"], map(float, found["finish_tags"]), strict=True))
+    ids = [int(drawn) for drawn in found["ids"]]
+    return await create(tx, tasks, states, planned, ids=ids, finish=finish)
 
-    async def check_batch(self, tasks: Sequence[NewTask]) -> dict[int, TaskState]:
-        """Refuse a batch naming an unknown gate or task; hold the tasks it depends on still
-        (FOR SHARE) and return their states."""
-        named = self.named_dependencies(tasks)
-        states = await self.dependency_states(named)
-        for dep in named:
-            if dep not in states:
-                raise UnknownTask(dep)
-        return states
 
-    def named_dependencies(self, tasks: Sequence[NewTask]) -> list[int]:
-        """The task ids a batch depends on; an unknown gate or a later sibling is refused."""
-        check_gates(tasks, self.configs)
-        named: list[int] = []
-        for index, task in enumerate(tasks):
-            for dep in task.after:
-                if not isinstance(dep, Sibling):
-                    named.append(dep)
-                elif not 0 <= dep.index < index:
-                    raise ConfigError(f"task.after: sibling {dep.index} is not earlier")
-        return named
+async def check_batch(tx: Transaction, tasks: Sequence[NewTask]) -> dict[int, TaskState]:
+    """Refuse a batch naming an unknown gate or task; hold the tasks it depends on still
+    (FOR SHARE) and return their states."""
+    named = named_dependencies(tx, tasks)
+    states = await dependency_states(tx, named)
+    for dep in named:
+        if dep not in states:
+            raise UnknownTask(dep)
+    return states
 
-    async def dependency_states(self, ids: Iterable[int]) -> dict[int, TaskState]:
-        wanted = sorted(set(ids))
-        if not wanted:
-            return {}
-        found = await self.rows("share_tasks", ids=wanted)
-        return {int(row["id"]): TaskState(row["state"]) for row in found}
 
-    async def known_keys(self, tasks: Sequence[NewTask]) -> dict[str, idempotency.KnownKey]:
-        """The tasks the batch's keys name already, with their payload digests. The keys are
-        locked first (`lock_keys`, in sorted order), so what is read stands until the commit:
-        a writer with one of them waits, then finds this batch's task instead of racing it."""
-        keys = sorted({task.key for task in tasks if task.key is not None})
-        if not keys:
-            return {}
-        await self.run("lock_keys", keys=keys)
-        return _known(await self.rows("task_ids_by_keys", keys=keys))
+def named_dependencies(tx: Transaction, tasks: Sequence[NewTask]) -> list[int]:
+    """The task ids a batch depends on; an unknown gate or a later sibling is refused."""
+    check_gates(tasks, tx.configs)
+    named: list[int] = []
+    for index, task in enumerate(tasks):
+        for dep in task.after:
+            if not isinstance(dep, Sibling):
+                named.append(dep)
+            elif not 0 <= dep.index < index:
+                raise ConfigError(f"task.after: sibling {dep.index} is not earlier")
+    return named
 
-    async def check_bounds(
-        self,
-        tasks: Sequence[NewTask],
-        planned: Sequence[idempotency.Planned],
-        limits: Mapping[str, StageLimits],
-    ) -> None:
-        """Raise QueueFull when the tasks the batch creates do not fit a limit of their stage."""
-        locked: set[str] = set()
-        for need in stage_bounds.needs(tasks, planned, limits):
-            if need.kind not in locked:  # kinds in name order, as every writer takes them
-                # One writer at a time counts a bounded kind, so two cannot both squeeze in.
-                await self.run("advisory_lock", lock=f"headrace.bound:{need.kind}")
-                locked.add(need.kind)
-            if need.scope == "flow":
-                found = await self.one("count_queued_of_flow", kind=need.kind, flow=need.label)
-            elif need.scope == "group":
-                found = await self.one("count_queued_of_group", kind=need.kind, grp=need.label)
-            else:
-                found = await self.one("count_queued", kind=need.kind)
-            need.check(int(found["n"]))
 
-    async def create(
-        self,
-        tasks: Sequence[NewTask],
-        states: dict[int, TaskState],
-        planned: Sequence[idempotency.Planned],
-        *,
-        ids: Sequence[int] | None = None,
-        finish: dict[str, float] | None = None,
-    ) -> list[Submitted]:
-        """Create the batch's new tasks (`planned` None; the others name a task already) in one
-        statement. `ids` drawn already (at least one per new task); `finish`: the flows locked
-        already."""
-        if not tasks:
-            return []
-        fresh = {index for index, step in enumerate(planned) if step is None}
-        if ids is None:
-            ids = [int(row["id"]) for row in await self.rows("next_task_ids", n=len(fresh))]
-        fresh_ids = iter(ids)
-        results: list[Submitted] = []
-        for step in planned:
-            if step is None:
-                results.append(Submitted(next(fresh_ids), created=True))
-            else:
-                results.append(idempotency.reused(step, results))
-        if fresh:
-            await self.insert(tasks, results, states, fresh, finish)
-        return results
+async def dependency_states(tx: Transaction, ids: Iterable[int]) -> dict[int, TaskState]:
+    wanted = sorted(set(ids))
+    if not wanted:
+        return {}
+    found = await tx.rows("share_tasks", ids=wanted)
+    return {int(row["id"]): TaskState(row["state"]) for row in found}
 
-    async def insert(
-        self,
-        tasks: Sequence[NewTask],
-        results: Sequence[Submitted],
-        states: dict[int, TaskState],
-        fresh: Collection[int],
-        finish: dict[str, float] | None = None,
-    ) -> None:
-        created = {results[index].id for index in fresh}
-        afters = [_resolved(task, results) for task in tasks]
-        others = {dep for after in afters for dep in after} - created - states.keys()
-        states.update(await self.dependency_states(others))
-        planned = [_plan(results[i].id, tasks[i], afters[i], states) for i in sorted(fresh)]
-        await self.tag(planned, finish)
-        # Keys are locked from `known_keys` to the commit, so none is taken meanwhile; a keyed
-        # insert that skipped the lock would fail the transaction, and the next try finds it.
-        await self.run(
-            "insert_tasks",
-            tasks=_insert_params(planned, self.now),
-            flow_names=list(self._finishes),
-            flow_finishes=list(self._finishes.values()),
-        )
-        deps = [(dep, p.id) for p in planned for dep in p.unmet]
-        if deps:
-            dep_ids, task_ids = zip(*deps, strict=True)
-            await self.run("insert_dependencies", dep_ids=list(dep_ids), task_ids=list(task_ids))
-        for failed in (p for p in planned if p.failed):
-            await self.cancel_tree(failed.id, UPSTREAM_FAILED)
-        self.wake = self.wake or any(not p.unmet for p in planned)
 
-    async def tag(self, planned: Sequence[Planned], locked: dict[str, float] | None) -> None:
-        """Start tags for new tasks, in batch order; their flows' rows are locked in name order
-        (`locked`: already, with their finish tags)."""
-        flows = sorted({p.task.lane for p in planned})
-        if locked is None:
-            await self.run("add_flows", flows=flows)
-            found = await self.send("lock_flows", flows=flows)  # held already after `prepare`
-            if self._virtual_time is None:
-                self._counters = await self.send("meta_values")
-            locked = {row["flow"]: float(row["finish_tag"]) for row in await found.fetchall()}
-        finish = {flow: locked[flow] for flow in flows}
-        virtual_time = await self.virtual_time()
-        for p in planned:
-            tagged = fairness.tag(
-                virtual_time, finish[p.task.lane], p.task.weight, p.task.continues
-            )
-            finish[p.task.lane] = tagged.flow_finish
-            p.tag = tagged.start
-        self._finishes = {flow: finish[flow] for flow in flows}  # written with the insert
+async def known_keys(tx: Transaction, tasks: Sequence[NewTask]) -> dict[str, idempotency.KnownKey]:
+    """The tasks the batch's keys name already, with their payload digests. The keys are
+    locked first (`lock_keys`, in sorted order), so what is read stands until the commit:
+    a writer with one of them waits, then finds this batch's task instead of racing it."""
+    keys = sorted({task.key for task in tasks if task.key is not None})
+    if not keys:
+        return {}
+    await tx.run("lock_keys", keys=keys)
+    return _known(await tx.rows("task_ids_by_keys", keys=keys))
 
-    async def virtual_time(self) -> float:
-        if self._virtual_time is None:
-            await self.load_counters()
-        return self._virtual_time or 0.0
+
+async def check_bounds(
+    tx: Transaction,
+    tasks: Sequence[NewTask],
+    planned: Sequence[idempotency.Planned],
+    limits: Mapping[str, StageLimits],
+) -> None:
+    """Raise QueueFull when the tasks the batch creates do not fit a limit of their stage."""
+    locked: set[str] = set()
+    for need in stage_bounds.needs(tasks, planned, limits):
+        if need.kind not in locked:  # kinds in name order, as every writer takes them
+            # One writer at a time counts a bounded kind, so two cannot both squeeze in.
+            await tx.run("advisory_lock", lock=f"headrace.bound:{need.kind}")
+            locked.add(need.kind)
+        if need.scope == "flow":
+            found = await tx.one("count_queued_of_flow", kind=need.kind, flow=need.label)
+        elif need.scope == "group":
+            found = await tx.one("count_queued_of_group", kind=need.kind, grp=need.label)
+        else:
+            found = await tx.one("count_queued", kind=need.kind)
+        need.check(int(found["n"]))
+
+
+async def create(
+    tx: Transaction,
+    tasks: Sequence[NewTask],
+    states: dict[int, TaskState],
+    planned: Sequence[idempotency.Planned],
+    *,
+    ids: Sequence[int] | None = None,
+    finish: dict[str, float] | None = None,
+) -> list[Submitted]:
+    """Create the batch's new tasks (`planned` None; the others name a task already) in one
+    statement. `ids` drawn already (at least one per new task); `finish`: the flows locked
+    already."""
+    if not tasks:
+        return []
+    fresh = {index for index, step in enumerate(planned) if step is None}
+    if ids is None:
+        ids = [int(row["id"]) for row in await tx.rows("next_task_ids", n=len(fresh))]
+    fresh_ids = iter(ids)
+    results: list[Submitted] = []
+    for step in planned:
+        if step is None:
+            results.append(Submitted(next(fresh_ids), created=True))
+        else:
+            results.append(idempotency.reused(step, results))
+    if fresh:
+        await insert(tx, tasks, results, states, fresh, finish)
+    return results
+
+
+async def insert(
+    tx: Transaction,
+    tasks: Sequence[NewTask],
+    results: Sequence[Submitted],
+    states: dict[int, TaskState],
+    fresh: Collection[int],
+    finish: dict[str, float] | None = None,
+) -> None:
+    created = {results[index].id for index in fresh}
+    afters = [_resolved(task, results) for task in tasks]
+    others = {dep for after in afters for dep in after} - created - states.keys()
+    states.update(await dependency_states(tx, others))
+    planned = [_plan(results[i].id, tasks[i], afters[i], states) for i in sorted(fresh)]
+    await tag(tx, planned, finish)
+    # Keys are locked from `known_keys` to the commit, so none is taken meanwhile; a keyed
+    # insert that skipped the lock would fail the transaction, and the next try finds it.
+    await tx.run(
+        "insert_tasks",
+        tasks=_insert_params(planned, tx.now),
+        flow_names=list(tx.finishes),
+        flow_finishes=list(tx.finishes.values()),
+    )
+    deps = [(dep, p.id) for p in planned for dep in p.unmet]
+    if deps:
+        dep_ids, task_ids = zip(*deps, strict=True)
+        await tx.run("insert_dependencies", dep_ids=list(dep_ids), task_ids=list(task_ids))
+    for failed in (p for p in planned if p.failed):
+        await tickets.cancel_tree(tx, failed.id, UPSTREAM_FAILED)
+    tx.wake = tx.wake or any(not p.unmet for p in planned)
+
+
+async def tag(tx: Transaction, planned: Sequence[Planned], locked: dict[str, float] | None) -> None:
+    """Start tags for new tasks, in batch order; their flows' rows are locked in name order
+    (`locked`: already, with their finish tags)."""
+    flows = sorted({p.task.lane for p in planned})
+    if locked is None:
+        await tx.run("add_flows", flows=flows)
+        found = await tx.send("lock_flows", flows=flows)  # held already after `prepare`
+        if tx.virtual_time is None:
+            tx.counters = await tx.send("meta_values")
+        locked = {row["flow"]: float(row["finish_tag"]) for row in await found.fetchall()}
+    finish = {flow: locked[flow] for flow in flows}
+    now_virtual = await virtual_time(tx)
+    for p in planned:
+        tagged = fairness.tag(now_virtual, finish[p.task.lane], p.task.weight, p.task.continues)
+        finish[p.task.lane] = tagged.flow_finish
+        p.tag = tagged.start
+    tx.finishes = {flow: finish[flow] for flow in flows}  # written with the insert
+
+
+async def virtual_time(tx: Transaction) -> float:
+    if tx.virtual_time is None:
+        await tx.load_counters()
+    return tx.virtual_time or 0.0
 
 
 def _resolved(task: NewTask, results: Sequence[Submitted]) -> list[int]:

@@ -25,16 +25,15 @@ from headrace.policy.errors import (
     StoreError,
     StoreUnavailable,
 )
-from headrace.store import sql
-from headrace.store.machine import Json
-from headrace.store.urls import POSTGRES_SCHEMES
+from headrace.store.machine import Json, sql
 
 T = TypeVar("T")
 Connection = psycopg.AsyncConnection[DictRow]
 Queries = Mapping[str, sql.Query]
 
-QUERIES = "postgres/queries.sql"
-MIGRATIONS = "postgres/migrations"
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+QUERIES = "postgres/sql/queries.sql"
+MIGRATIONS = "postgres/sql/migrations"
 URL_OPTIONS = ("schema", "pool_min", "pool_max", "durable_claims", "idle_in_transaction")
 BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 CONFLICTS = (pgerrors.DeadlockDetected, pgerrors.SerializationFailure)

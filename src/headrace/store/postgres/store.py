@@ -28,8 +28,8 @@ lives in tables, so a gate's cap and rate, fair tags and leases hold across ever
 
 A connection lost before the commit runs the verb again on another connection; a server that
 cannot be reached, or a loss during the commit, comes out as `StoreUnavailable`; other driver
-errors as `StoreError`. The statements are named in `store/sql/postgres/queries.sql`; the schema
-is the versioned migrations in `store/sql/postgres/migrations/`, applied by `open()` (or
+errors as `StoreError`. The statements are named in `store/postgres/sql/queries.sql`; the schema
+is the versioned migrations in `store/postgres/sql/migrations/`, applied by `open()` (or
 `headrace db upgrade`) under an advisory lock, in the store's own PostgreSQL schema.
 """
 
@@ -44,43 +44,36 @@ from typing import TypeVar
 
 import psycopg
 from psycopg import errors as pgerrors
-from psycopg import sql as pgsql
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
 from headrace.policy import fairness
 from headrace.policy.clock import Clock
 from headrace.policy.errors import ConfigError, HeadraceError, StoreError
 from headrace.policy.gate import GateConfig
-from headrace.store import sql
 from headrace.store.machine import (
     Claimed,
     SweepDue,
     Sweeps,
     Transaction,
     check_gates,
+    sql,
     task_row,
 )
+from headrace.store.machine import claim as claim_steps
+from headrace.store.machine import outcomes as outcome_steps
+from headrace.store.machine import submit as submit_steps
+from headrace.store.machine.record_verbs import RecordVerbs
+from headrace.store.machine.verbs import TaskVerbs, kinds_list
 from headrace.store.postgres.connection import (
-    GONE_AFTER,
-    PROBE_IDLE,
-    PROBE_INTERVAL,
-    PROBES,
     QUERIES,
-    SESSION_LOST,
-    Again,
-    Connection,
     Dropped,
     PipelineDriver,
     Queries,
     bool_option,
-    check_connection,
     check_pool_sizes,
-    client_side,
     int_option,
     migrate,
-    named,
     retrieve,
     seconds_option,
     split_url,
@@ -88,7 +81,8 @@ from headrace.store.postgres.connection import (
     without_password,
 )
 from headrace.store.postgres.listen import Listener
-from headrace.store.types import (
+from headrace.store.postgres.sessions import IDLE_IN_TRANSACTION, Sessions
+from headrace.store.protocol.types import (
     ClaimResult,
     KindLimit,
     Lease,
@@ -99,41 +93,15 @@ from headrace.store.types import (
     Submitted,
     Succeeded,
 )
-from headrace.store.verbs import PruneVerbs, RecordVerbs, TransactionVerbs, kinds_list
 
 T = TypeVar("T")
 
 DEFAULT_SCHEMA = "headrace"
-# Seconds a verb waits for a pooled connection before the store counts as unavailable, and
-# seconds the pool retries a failed connection (backing off) before it gives up on it. Equal, so
-# a verb retried after an outage starts a fresh connection at once rather than waiting behind
-# a long back-off: the server is used again within about a second of coming back.
-POOL_TIMEOUT = 5.0
-RECONNECT_TIMEOUT = POOL_TIMEOUT
-# Seconds a pooled session may sit inside a transaction before the server ends it (its locks
-# with it): a host whose link is cut mid-transaction holds up others for this long, not until
-# TCP gives up on it (hours). The store's own transactions wait on the client for microseconds.
-IDLE_IN_TRANSACTION = 10.0
-# TCP keepalive probes the server sends on a pooled session (as the client does on its side,
-# connection.py): the first after PROBE_IDLE quiet seconds, then every PROBE_INTERVAL; PROBES
-# unanswered end the session, as does data left unacknowledged for as long. A host gone
-# (power, link) is found in about 25 s in any state, mid-statement included, where the limit
-# above does not apply.
 # Seconds `now()` reuses the server's last answer, moved on by the host's monotonic clock.
 CLOCK_REUSE = 1.0
-# A pooled connection prepares a statement the first time it runs it (psycopg's default, the
-# fifth, parses and plans it in full at each of the four before: 1.4 to 2.5 ms for a claim's
-# batch), and keeps every one it has prepared: the store runs its named statements only, again
-# and again. An idle worker's pool holds two to four connections, each preparing its own.
-PREPARE_THRESHOLD = 0
-PREPARED_MAX = 256  # more than the store has named statements (test_postgres_prepared.py)
-# Tries of one verb that met a deadlock, a serialization failure or a racing idempotency key.
-CONFLICT_TRIES = 5
-BEGIN = "BEGIN"
-COMMIT = "COMMIT"
 
 
-class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
+class PostgresStore(TaskVerbs):
     """The store many processes on many hosts share: one PostgreSQL schema."""
 
     def __init__(
@@ -166,21 +134,28 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         self.dsn = dsn
         self.clock = clock
         self.schema = schema
-        self.channel = schema  # one schema, one store: its wake-ups are its own
-        self.pool_min = pool_min
-        self.pool_max = pool_max
         self.durable_claims = durable_claims
-        self.idle_in_transaction = idle_in_transaction
         self.settings = Settings()
         self._configs: dict[str, GateConfig] = {}
         self._limited: frozenset[str] = frozenset()  # stages with limits on waiting tasks
         self._queries: Queries = sql.load_queries(QUERIES)
-        self._pool: AsyncConnectionPool[Connection] | None = None
+        self.sessions = Sessions(
+            dsn,
+            self._queries,
+            schema=schema,
+            pool_min=pool_min,
+            pool_max=pool_max,
+            idle_in_transaction=idle_in_transaction,
+        )
+        self.channel = self.sessions.channel
         self._server_clock: tuple[float, float] | None = None  # (server time, monotonic then)
         self._last_now = -math.inf
         self._clock_question: asyncio.Task[tuple[float, float]] | None = None
         self._sweeps = Sweeps()
-        self._listener = Listener(self._conninfo("headrace-listen"), self._compose("listen"))
+        self._listener = Listener(
+            self.sessions.conninfo("headrace-listen"), self.sessions.compose("listen")
+        )
+        self.records = RecordVerbs(self)  # same database, same transactions
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock | None = None) -> PostgresStore:
@@ -207,28 +182,20 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         self.settings = settings
         self._configs = {config.name: config for config in settings.gates}
         self._limited = frozenset(stage.kind for stage in settings.stages if stage.limited)
-        if self._pool is not None:
+        if self.sessions.opened:
             return
         await self.upgrade()  # on a connection of its own: an unreachable server fails fast
-        pool = self._new_pool()
-        try:
-            await translated(pool.open(wait=True, timeout=POOL_TIMEOUT))
-        except BaseException:
-            await pool.close()
-            raise
-        self._pool = pool
+        await self.sessions.open()
 
     async def close(self) -> None:
         await self._listener.close()
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            await pool.close()
+        await self.sessions.close()
 
     async def upgrade(self) -> tuple[int, int]:
         """Apply the migrations the schema lacks, on a connection of its own; return the schema
         version before and after."""
         connect = psycopg.AsyncConnection.connect(
-            self._conninfo("headrace"), autocommit=True, row_factory=dict_row
+            self.sessions.conninfo("headrace"), autocommit=True, row_factory=dict_row
         )
         conn = await translated(connect)
         async with conn:
@@ -258,7 +225,7 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         return await asyncio.shield(question)
 
     async def wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
-        self._require_pool()
+        self.sessions.pool()  # open, or say so
         await self._listener.wait(timeout)
 
     # -- submission
@@ -271,7 +238,9 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
             submitted = await self._submit_plain(batch)
             if submitted is not None:
                 return submitted
-        return await self._write(lambda tx: tx.submit(batch, limits), clock_first=False)
+        return await self._write(
+            lambda tx: submit_steps.submit(tx, batch, limits), clock_first=False
+        )
 
     async def _submit_plain(self, batch: Sequence[NewTask]) -> list[Submitted] | None:
         """A plain batch (`_plain`) in one statement, committed on its own: no round trip to
@@ -285,7 +254,7 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         }
 
         async def once() -> DictRow | None:
-            async with self._require_pool().connection() as conn:
+            async with self.sessions.pool().connection() as conn:
                 try:
                     cursor = await conn.execute(self._queries["submit_plain"].text, params)
                     return await cursor.fetchone()
@@ -295,7 +264,7 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
                     # connection. Any other lost connection leaves it unknown: unavailable.
                     raise Dropped from exc
 
-        found = await self._retried(once)
+        found = await self.sessions.retried(once)
         if found is None:
             raise StoreError("postgres store: submit_plain returned no row")
         if not found["complete"]:
@@ -340,15 +309,18 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         seen = self.clock.now() if self.clock is not None else await self.now()
         sweep = self._sweeps.due(seen)
         if sweep and self._sweeps.fold_due(seen):
-            self._sweeps.swept(await self._write(lambda tx: tx.sweep(fold=True)), folded=True)
+            self._sweeps.swept(
+                await self._write(lambda tx: claim_steps.sweep(tx, fold=True)), folded=True
+            )
             sweep = False
 
         def verb(check: bool) -> Callable[[Transaction], Awaitable[ClaimAnswer]]:
             async def claim(tx: Transaction) -> ClaimAnswer:
                 # The outcomes first: they lock their tasks, then gates, as every writer does;
                 # the claim then holds those gates already and waits only above them.
-                results = await tx.finish_many(batch) if batch else []
-                claimed = await tx.claim(
+                results = await outcome_steps.finish_many(tx, batch) if batch else []
+                claimed = await claim_steps.claim(
+                    tx,
                     worker,
                     limit,
                     lease_for,
@@ -367,7 +339,7 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         try:
             results, claimed = await self._write(verb(sweep), clock_first=False)
         except SweepDue:  # rolled back: nothing of it was written
-            self._sweeps.swept(await self._write(lambda tx: tx.sweep()), folded=False)
+            self._sweeps.swept(await self._write(lambda tx: claim_steps.sweep(tx)), folded=False)
             results, claimed = await self._write(verb(False), clock_first=False)
         else:
             if sweep:  # looked, and there was nothing to sweep
@@ -391,113 +363,21 @@ class PostgresStore(TransactionVerbs, RecordVerbs, PruneVerbs):
     async def _transact(
         self, verb: Callable[[Transaction], Awaitable[T]], *, read: bool, clock_first: bool
     ) -> T:
-        """Run `verb` in one transaction, again when it met a conflict; driver errors come out
-        as StoreError (StoreUnavailable for a lost or unreachable server)."""
-        return await self._retried(lambda: self._once(verb, read, clock_first))
+        """Run `verb` in one transaction, again when it met a conflict."""
 
-    async def _retried(self, once: Callable[[], Awaitable[T]]) -> T:
-        """`once()`, again when it met a conflict (it then wrote nothing)."""
-        tries = 0
-        while True:
-            tries += 1
-            try:
-                return await translated(once())
-            except Again as again:
-                if tries >= CONFLICT_TRIES:
-                    raise again.give_up(tries) from again.__cause__
+        async def step(driver: PipelineDriver) -> T:
+            tx = Transaction(driver, self._configs, self.settings, self.clock)
+            if read:
+                await tx.run("read_snapshot")
+            if clock_first:
+                await tx.read_clock()
+            result = await verb(tx)
+            await tx.conclude()
+            if tx.wake:  # heard by listeners once the transaction commits
+                await tx.run("notify", channel=self.channel)
+            return result
 
-    async def _once(
-        self, verb: Callable[[Transaction], Awaitable[T]], read: bool, clock_first: bool
-    ) -> T:
-        async with self._require_pool().connection() as conn:
-            committing = False
-            try:
-                # Pipeline mode: statements whose results are not read go with the next read.
-                # The transaction is framed here rather than by `conn.transaction()`, which in
-                # a pipeline waits for its BEGIN and syncs twice around its COMMIT: BEGIN goes
-                # with the first statement, COMMIT with the pipeline's last Sync. A verb that
-                # fails or is cancelled leaves it open: the pool's connection context rolls it
-                # back as it takes the connection back.
-                async with conn.pipeline() as pipeline:
-                    await conn.execute(BEGIN)
-                    driver = PipelineDriver(conn, self._queries, pipeline)
-                    tx = Transaction(driver, self._configs, self.settings, self.clock)
-                    result = await self._run_verb(tx, verb, read, clock_first)
-                    committing = True
-                    await conn.execute(COMMIT)
-            except SESSION_LOST as exc:
-                if conn.broken and not committing:  # lost before the commit: nothing written
-                    raise Dropped from exc
-                raise
-        return result
-
-    async def _run_verb(
-        self,
-        tx: Transaction,
-        verb: Callable[[Transaction], Awaitable[T]],
-        read: bool,
-        clock_first: bool,
-    ) -> T:
-        if read:
-            await tx.run("read_snapshot")
-        if clock_first:
-            await tx.read_clock()
-        result = await verb(tx)
-        await tx.conclude()
-        if tx.wake:  # heard by listeners once the transaction commits
-            await tx.run("notify", channel=self.channel)
-        return result
-
-    def _require_pool(self) -> AsyncConnectionPool[Connection]:
-        if self._pool is None:
-            raise StoreError(f"{self!r} is not open: await store.open(settings) first")
-        return self._pool
-
-    def _new_pool(self) -> AsyncConnectionPool[Connection]:
-        return AsyncConnectionPool(
-            self._conninfo("headrace"),
-            connection_class=Connection,
-            kwargs={
-                "autocommit": True,
-                "row_factory": dict_row,
-                "prepare_threshold": PREPARE_THRESHOLD,
-            },
-            min_size=self.pool_min,
-            max_size=self.pool_max,
-            open=False,
-            configure=self._configure,
-            check=check_connection,
-            timeout=POOL_TIMEOUT,
-            reconnect_timeout=RECONNECT_TIMEOUT,
-            name=f"headrace-{self.schema}",
-        )
-
-    async def _configure(self, conn: Connection) -> None:
-        conn.prepared_max = PREPARED_MAX
-        await conn.execute(self._queries["set_search_path"].text, {"schema": self.schema})
-        milliseconds = round(self.idle_in_transaction * 1000)
-        if self.idle_in_transaction > 0:
-            milliseconds = max(1, milliseconds)
-        limits = {
-            "milliseconds": str(milliseconds),
-            "probe_idle": str(PROBE_IDLE),
-            "probe_interval": str(PROBE_INTERVAL),
-            "probes": str(PROBES),
-            "unacked_ms": str(GONE_AFTER * 1000),
-        }
-        await conn.execute(self._queries["bound_quiet_sessions"].text, limits)
-
-    def _conninfo(self, application: str) -> str:
-        """What a connection of this store is opened with: the URL's, with the client's
-        timeouts and keepalives (`client_side`) and a name in pg_stat_activity."""
-        return named(client_side(self.dsn), f"{application}/{self.schema}")
-
-    def _compose(self, query: str) -> pgsql.Composed:
-        """A statement that names the schema or channel, which parameters cannot."""
-        template = pgsql.SQL(self._queries[query].text)
-        return template.format(
-            schema=pgsql.Identifier(self.schema), channel=pgsql.Identifier(self.channel)
-        )
+        return await self.sessions.transact(step)
 
 
 ClaimAnswer = tuple[list[HeadraceError | None], Claimed]  # the carried outcomes' results; the claim

@@ -12,14 +12,13 @@ from typing import Any, TypeVar, cast
 from urllib.parse import unquote, urlsplit
 
 from headrace.policy.errors import ConfigError, SchemaTooNew, StoreError
-from headrace.store import sql
-from headrace.store.machine import Json
-from headrace.store.urls import SQLITE_SCHEME
+from headrace.store.machine import Json, sql
 
 T = TypeVar("T")
 
-QUERIES = "sqlite/queries.sql"
-MIGRATIONS = "sqlite/migrations"
+SQLITE_SCHEME = "sqlite"
+QUERIES = "sqlite/sql/queries.sql"
+MIGRATIONS = "sqlite/sql/migrations"
 # RETURNING (3.35) and json_each; every supported Python ships a newer SQLite.
 MIN_SQLITE_VERSION = (3, 35, 0)
 STATEMENT_CACHE = 256  # prepared statements kept per connection: every named one, and more

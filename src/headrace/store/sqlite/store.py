@@ -8,8 +8,8 @@ rate hold across all of them. Writers queue for that lock through the write turn
 to the wall clock (epoch seconds), which every process on the host shares.
 
 The connection lives on one worker thread and each verb runs there whole, so the event loop never
-waits on the database. The statements are named in `store/sql/sqlite/queries.sql`; the schema is
-the versioned migrations in `store/sql/sqlite/migrations/`, applied by `open()`.
+waits on the database. The statements are named in `store/sqlite/sql/queries.sql`; the schema is
+the versioned migrations in `store/sqlite/sql/migrations/`, applied by `open()`.
 """
 
 from __future__ import annotations
@@ -31,8 +31,19 @@ from typing import TypeVar
 from headrace.policy.clock import Clock, WallClock
 from headrace.policy.errors import ConfigError, HeadraceError, StoreError
 from headrace.policy.gate import GateConfig
-from headrace.store import sql
-from headrace.store.machine import Claimed, LeasedRows, Sweeps, Transaction
+from headrace.store.machine import Claimed, LeasedRows, Sweeps, Transaction, sql
+from headrace.store.machine import claim as claim_steps
+from headrace.store.machine import outcomes as outcome_steps
+from headrace.store.machine.record_verbs import RecordVerbs
+from headrace.store.machine.verbs import TaskVerbs, kinds_list
+from headrace.store.protocol.types import (
+    ClaimResult,
+    KindLimit,
+    Lease,
+    MemoryRoom,
+    Outcome,
+    Settings,
+)
 from headrace.store.sqlite import handoff
 from headrace.store.sqlite.checkpoint import Checkpointer
 from headrace.store.sqlite.connection import (
@@ -50,8 +61,6 @@ from headrace.store.sqlite.connection import (
 )
 from headrace.store.sqlite.turn import WriteTurn
 from headrace.store.sqlite.wake import WakeChannel
-from headrace.store.types import ClaimResult, KindLimit, Lease, MemoryRoom, Outcome, Settings
-from headrace.store.verbs import PruneVerbs, RecordVerbs, TransactionVerbs, kinds_list
 
 T = TypeVar("T")
 
@@ -59,7 +68,7 @@ T = TypeVar("T")
 DATA_VERSION_POLL = 0.02
 
 
-class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
+class SQLiteStore(TaskVerbs):
     """The embedded store: one SQLite file, shared by the processes of one host."""
 
     def __init__(
@@ -93,6 +102,7 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         self._channel = WakeChannel(self.path, self._woken.set)  # ... to and from other processes
         self._checkpointer: Checkpointer | None = None
         self._turn = WriteTurn(self.path, busy_timeout)  # writers of every process queue here
+        self.records = RecordVerbs(self)  # same database, same transactions
 
     @classmethod
     def from_url(
@@ -169,7 +179,7 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._woken.wait(), min(self.data_version_poll, left))
 
-    # -- claiming (the other verbs: TransactionVerbs)
+    # -- claiming (the other verbs: TaskVerbs)
 
     async def claim(
         self,
@@ -190,11 +200,12 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         async def verb(
             tx: Transaction,
         ) -> tuple[list[HeadraceError | None], Claimed, LeasedRows | None]:
-            results = await tx.finish_many(batch) if batch else []
+            results = await outcome_steps.finish_many(tx, batch) if batch else []
             if self._sweeps.due(tx.now):  # under the same write lock as the claim
                 fold = self._sweeps.fold_due(tx.now)
-                self._sweeps.swept(await tx.sweep(fold=fold), folded=fold)
-            claimed = await tx.claim(
+                self._sweeps.swept(await claim_steps.sweep(tx, fold=fold), folded=fold)
+            claimed = await claim_steps.claim(
+                tx,
                 worker,
                 limit,
                 lease_for,

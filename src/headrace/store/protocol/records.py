@@ -21,7 +21,7 @@ import json
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from headrace.policy.errors import ConfigError
 from headrace.policy.text import check_document
@@ -202,3 +202,97 @@ def check_page(after: int, limit: int) -> None:
         raise ConfigError(f"after: expected a seq >= 0, got {after!r}")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= 10_000:
         raise ConfigError(f"limit: expected 1 to 10000, got {limit!r}")
+
+
+class RecordStore(Protocol):
+    """A pipeline's records, their audit rows and the outbox, kept beside a task `Store` in the
+    same database (`Store.records`). Every verb is one transaction."""
+
+    async def put_record(
+        self,
+        kind: str,
+        record_id: str,
+        *,
+        scope: str,
+        state: str,
+        body: Mapping[str, Any] | None = None,
+        audit: Audit | None = None,
+    ) -> Changed:
+        """Create a record unless one of this kind and id exists: then return that one, not
+        applied, and write nothing. `audit` is written with a record created."""
+        ...
+
+    async def change_record(
+        self,
+        kind: str,
+        record_id: str,
+        *,
+        state: str | None = None,
+        body: Mapping[str, Any] | None = None,
+        when: Collection[str] | None = None,
+        age: Age | None = None,
+        audit: Audit | None = None,
+        notice: Notice | None = None,
+    ) -> Changed:
+        """Set a record's state and `body`'s keys, if its state is among `when` (or always)
+        and, given `age`, it last changed that long ago by the store's clock (`records.Age`),
+        in one transaction with `audit` (written either way, with the outcome) and `notice`
+        (to the outbox, only when the change applied). Raise UnknownRecord if there is none."""
+        ...
+
+    async def write_audit(
+        self, kind: str, record_id: str, *, scope: str, audit: Audit, outcome: str
+    ) -> None:
+        """An audit row for an attempt that changed nothing (one denied, say)."""
+        ...
+
+    async def get_record(self, kind: str, record_id: str) -> Record | None: ...
+
+    async def list_records(
+        self,
+        kind: str,
+        *,
+        scope: str | None = None,
+        state: str | None = None,
+        after: int = 0,
+        limit: int = 100,
+    ) -> list[Record]:
+        """Records of a kind whose seq is past `after`, in seq order."""
+        ...
+
+    async def count_records(
+        self,
+        kind: str,
+        *,
+        scope: str | None = None,
+        state: str | None = None,
+        after: int = 0,
+    ) -> int: ...
+
+    async def audit_log(
+        self,
+        *,
+        kind: str | None = None,
+        record_id: str | None = None,
+        scope: str | None = None,
+        limit: int = 1000,
+    ) -> list[AuditRow]:
+        """Audit rows in the order written."""
+        ...
+
+    async def outbox(
+        self, *, after: int = 0, pending: bool = True, limit: int = 100
+    ) -> list[OutboxRow]:
+        """Notifications past id `after` in the order written (not yet delivered: `pending`)."""
+        ...
+
+    async def mark_delivered(self, ids: Collection[int]) -> int:
+        """Mark notifications delivered; return how many were not before."""
+        ...
+
+    async def delete_records(
+        self, kind: str, ids: Collection[str], *, when: Collection[str] | None = None
+    ) -> int:
+        """Delete the records of `kind` among `ids` (those whose state is in `when`, when
+        given; never the newest record, whose seq the next one counts on from); how many."""
+        ...

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from headrace.policy.errors import QueueFull
-from headrace.store import idempotency
-from headrace.store.types import KindLimit, NewTask, StageLimits
+from headrace.store.machine import idempotency
+from headrace.store.protocol.types import KindLimit, NewTask, StageLimits
 
 
 @dataclass(frozen=True)

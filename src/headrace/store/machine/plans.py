@@ -1,4 +1,5 @@
-"""What the pruner removes from a store (`Store.prune`), in what order, and what it reports.
+"""What the pruner removes from a store (`Store.prune`) and in what order; what a run reports
+(`Pruned`) is the protocol's (store/protocol/pruning.py).
 
 A run walks `plans(retention)` in order, each in batches of `retention.batch` rows, one
 transaction a batch (so no lock is held for long): succeeded, cancelled and dead tasks (with
@@ -23,29 +24,24 @@ since what they waited on is not there to be counted.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from headrace.policy.retention import Retention
-from headrace.store.types import TaskState
-
-UPSTREAM_PRUNED = "upstream_pruned"  # cancelled for a task since pruned: no longer restorable
-
-# Record kinds headrace itself writes, and the retention age each goes by (the modules that
-# write them name them too: service/api/auth.py LOGIN, service/api/webhooks.py DELIVERY,
-# runtime/remote.py REMOTE; a test pins that they agree).
-LOGIN = "login"
-DELIVERY = "delivery"
-REMOTE = "remote"
-
-# What a run reports, per kind of row removed (or, in a dry run, that would be).
-SUCCEEDED_TASKS = "succeeded tasks"
-CANCELLED_TASKS = "cancelled tasks"
-DEAD_TASKS = "dead tasks"
-ATTEMPTS = "attempts"
-NOTICES = "delivered notices"
-AUDIT_ROWS = "audit rows"
-SIGN_INS = "sign-ins"
-DELIVERIES = "webhook deliveries"
+from headrace.store.protocol.pruning import (
+    AUDIT_ROWS,
+    CANCELLED_TASKS,
+    DEAD_TASKS,
+    DELIVERIES,
+    DELIVERY,
+    LABELS,
+    LOGIN,
+    NOTICES,
+    REMOTE,
+    SIGN_INS,
+    SUCCEEDED_TASKS,
+    Pruned,
+)
+from headrace.store.protocol.types import TaskState
 
 
 @dataclass(frozen=True)
@@ -109,18 +105,6 @@ def plans(retention: Retention) -> list[Plan]:
     return found
 
 
-LABELS = (
-    SUCCEEDED_TASKS,
-    CANCELLED_TASKS,
-    DEAD_TASKS,
-    ATTEMPTS,
-    NOTICES,
-    AUDIT_ROWS,
-    SIGN_INS,
-    DELIVERIES,
-)
-
-
 @dataclass(frozen=True)
 class Mark:
     """Where the next batch of a plan starts: after the row at (`at`, `number`) in the plan's
@@ -140,39 +124,9 @@ class Batch:
     done: bool
 
 
-@dataclass(frozen=True)
-class Pruned:
-    """A run's result: rows removed (or, in a dry run, that would be) per kind, in the order
-    they went, and the transactions that removed them."""
-
-    removed: Mapping[str, int] = field(default_factory=dict)
-    batches: int = 0
-
-    @property
-    def total(self) -> int:
-        return sum(self.removed.values())
-
-    def plus(self, removed: Mapping[str, int], batches: int = 0) -> Pruned:
-        merged = dict(self.removed)
-        for label, count in removed.items():
-            merged[label] = merged.get(label, 0) + count
-        return Pruned(merged, self.batches + batches)
-
-
 def tally(batches: Iterable[Batch]) -> Pruned:
     """The result of a run's batches: every store kind named, removed or not."""
     result = Pruned(dict.fromkeys(LABELS, 0))
     for batch in batches:
         result = result.plus(batch.removed, 1 if any(batch.removed.values()) else 0)
     return result
-
-
-@dataclass(frozen=True)
-class PrunerState:
-    """The pruner's lease row: who holds (or last held) it, until when, when a run last ended
-    and how many rows it removed."""
-
-    holder: str
-    until: float
-    done_at: float | None
-    removed: int

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from headrace.policy import gate as gating
 from headrace.policy.gate import GateConfig, GateState, Refusal
-from headrace.store.types import KindLimit, MemoryRoom
+from headrace.store.protocol.types import KindLimit, MemoryRoom
 
 
 @dataclass

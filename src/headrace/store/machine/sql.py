@@ -1,6 +1,6 @@
-"""SQL in one place: named queries and versioned migrations, read from this package's files, a
-folder per dialect (`sqlite/`, `postgres/`), each with `queries.sql`, `schema.sql` and
-`migrations/`.
+"""SQL in one place: named queries and versioned migrations, read from the store package's files,
+beside each backend (`sqlite/sql/`, `postgres/sql/`), each with `queries.sql`, `schema.sql` and
+`migrations/`. A resource is named from the store package: `sqlite/sql/queries.sql`.
 
 A query file holds statements under `-- name: <query_name>` headers, each followed by a one-line
 `-- <description>` and the statement. Migrations are `migrations/NNNN_<what>.sql`, applied in
@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from importlib import resources
 
 from headrace.policy.errors import StoreError
+
+_PACKAGE = "headrace.store"  # resources are named from here: `<dialect>/sql/...`
 
 _HEADER = re.compile(r"^-- name: *([a-z][a-z0-9_]*) *$", re.MULTILINE)
 _MIGRATION_FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
@@ -38,13 +40,13 @@ class Migration:
 
 
 def read_text(resource: str) -> str:
-    """The text of a file in this package, e.g. `sqlite/schema.sql`."""
-    return resources.files(__name__).joinpath(resource).read_text(encoding="utf-8")
+    """The text of a file in the store package, e.g. `sqlite/sql/schema.sql`."""
+    return resources.files(_PACKAGE).joinpath(resource).read_text(encoding="utf-8")
 
 
 @functools.cache
 def load_queries(resource: str) -> dict[str, Query]:
-    """The named queries of a query file in this package, by name."""
+    """The named queries of a query file in the store package, by name."""
     return parse_queries(read_text(resource), source=resource)
 
 
@@ -70,11 +72,11 @@ def _parse_query(name: str, body: str, source: str) -> Query:
 
 @functools.cache
 def load_migrations(folder: str) -> tuple[Migration, ...]:
-    """Every migration in `folder` (`<dialect>/migrations`), in version order; versions run 1,
+    """Every migration in `folder` (`<dialect>/sql/migrations`), in version order; versions run 1,
     2, 3… without gaps."""
     dialect = folder.partition("/")[0]
     found: list[Migration] = []
-    for entry in resources.files(__name__).joinpath(folder).iterdir():
+    for entry in resources.files(_PACKAGE).joinpath(folder).iterdir():
         match = _MIGRATION_FILE.match(entry.name)
         if match is not None:
             text = entry.read_text(encoding="utf-8")

@@ -7,15 +7,15 @@ Every verb is one transaction. Time for leases, run_at and gate windows is the s
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from headrace.policy.errors import HeadraceError
 from headrace.policy.gate import GateStatistics
 from headrace.policy.retention import Retention
-from headrace.store.ages import AGE_SAMPLE, ReadyAges
-from headrace.store.pruning import Pruned, PrunerState
-from headrace.store.records import Age, Audit, AuditRow, Changed, Notice, OutboxRow, Record
-from headrace.store.types import (
+from headrace.store.protocol.ages import AGE_SAMPLE, ReadyAges
+from headrace.store.protocol.pruning import Pruned, PrunerState
+from headrace.store.protocol.records import RecordStore
+from headrace.store.protocol.types import (
     Attempt,
     AttemptOutcome,
     ClaimResult,
@@ -55,8 +55,8 @@ class Store(Protocol):
         self, tasks: Sequence[NewTask], *, bounds: Mapping[str, int] | None = None
     ) -> list[Submitted]:
         """Create tasks (all or none). A known `key` returns the existing task when the payload
-        is the same (store/idempotency.py), and refuses the batch with KeyConflict when it is
-        not. With `bounds`, raise QueueFull when a kind would have more than its bound of tasks
+        is the same (store/machine/idempotency.py), and refuses the batch with KeyConflict when it
+        is not. With `bounds`, raise QueueFull when a kind would have more than its bound of tasks
         pending or ready."""
         ...
 
@@ -192,7 +192,7 @@ class Store(Protocol):
     ) -> dict[str, ReadyAges]:
         """Per kind with ready tasks (of these kinds only when `kinds` is given): how many, and
         the ages (as `stages` reckons them) of its `sample` oldest and `sample` newest ready
-        tasks (store/ages.py)."""
+        tasks (store/protocol/ages.py)."""
         ...
 
     async def attempt_counts(self) -> dict[AttemptOutcome, int]:
@@ -211,98 +211,12 @@ class Store(Protocol):
 
     async def gate_statistics(self) -> list[GateStatistics]: ...
 
-    # -- records, the audit log and the outbox (store/records.py)
-
-    async def put_record(
-        self,
-        kind: str,
-        record_id: str,
-        *,
-        scope: str,
-        state: str,
-        body: Mapping[str, Any] | None = None,
-        audit: Audit | None = None,
-    ) -> Changed:
-        """Create a record unless one of this kind and id exists: then return that one, not
-        applied, and write nothing. `audit` is written with a record created."""
+    @property
+    def records(self) -> RecordStore:
+        """The records, audit rows and outbox kept beside the tasks, in the same database."""
         ...
 
-    async def change_record(
-        self,
-        kind: str,
-        record_id: str,
-        *,
-        state: str | None = None,
-        body: Mapping[str, Any] | None = None,
-        when: Collection[str] | None = None,
-        age: Age | None = None,
-        audit: Audit | None = None,
-        notice: Notice | None = None,
-    ) -> Changed:
-        """Set a record's state and `body`'s keys, if its state is among `when` (or always)
-        and, given `age`, it last changed that long ago by the store's clock (`records.Age`),
-        in one transaction with `audit` (written either way, with the outcome) and `notice`
-        (to the outbox, only when the change applied). Raise UnknownRecord if there is none."""
-        ...
-
-    async def write_audit(
-        self, kind: str, record_id: str, *, scope: str, audit: Audit, outcome: str
-    ) -> None:
-        """An audit row for an attempt that changed nothing (one denied, say)."""
-        ...
-
-    async def get_record(self, kind: str, record_id: str) -> Record | None: ...
-
-    async def list_records(
-        self,
-        kind: str,
-        *,
-        scope: str | None = None,
-        state: str | None = None,
-        after: int = 0,
-        limit: int = 100,
-    ) -> list[Record]:
-        """Records of a kind whose seq is past `after`, in seq order."""
-        ...
-
-    async def count_records(
-        self,
-        kind: str,
-        *,
-        scope: str | None = None,
-        state: str | None = None,
-        after: int = 0,
-    ) -> int: ...
-
-    async def audit_log(
-        self,
-        *,
-        kind: str | None = None,
-        record_id: str | None = None,
-        scope: str | None = None,
-        limit: int = 1000,
-    ) -> list[AuditRow]:
-        """Audit rows in the order written."""
-        ...
-
-    async def outbox(
-        self, *, after: int = 0, pending: bool = True, limit: int = 100
-    ) -> list[OutboxRow]:
-        """Notifications past id `after` in the order written (not yet delivered: `pending`)."""
-        ...
-
-    async def mark_delivered(self, ids: Collection[int]) -> int:
-        """Mark notifications delivered; return how many were not before."""
-        ...
-
-    async def delete_records(
-        self, kind: str, ids: Collection[str], *, when: Collection[str] | None = None
-    ) -> int:
-        """Delete the records of `kind` among `ids` (those whose state is in `when`, when
-        given; never the newest record, whose seq the next one counts on from); how many."""
-        ...
-
-    # -- retention (store/pruning.py)
+    # -- retention (store/protocol/pruning.py)
 
     async def prune(self, retention: Retention, *, dry_run: bool = False) -> Pruned:
         """Remove what `retention` says is old enough and nothing needs, in batches of

@@ -14,8 +14,8 @@ from typing import Any, Protocol
 from headrace.policy.errors import ErrorClass
 from headrace.policy.gate import GateState
 from headrace.policy.tiers import Tier
-from headrace.store.ages import age
-from headrace.store.types import Attempt, AttemptOutcome, StageStats, TaskRecord, TaskState
+from headrace.store.protocol.ages import age
+from headrace.store.protocol.types import Attempt, AttemptOutcome, StageStats, TaskRecord, TaskState
 
 _new_record = object.__new__
 

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from headrace.policy.errors import KeyConflict
-from headrace.store.types import NewTask, Sibling, Submitted
+from headrace.store.protocol.types import NewTask, Sibling, Submitted
 
 VERSION = "1"
 FIELDS = (

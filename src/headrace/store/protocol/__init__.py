@@ -1,0 +1,1 @@
+"""What a store is: the protocols and their value types."""
