@@ -23,7 +23,7 @@ from psycopg import sql
 from headrace.policy import GateConfig, ManualClock, Rate
 from headrace.sim.loop import VirtualTimeLoop
 from headrace.store.base import Store
-from headrace.store.memory import MemoryStore
+from headrace.store.sqlite import SQLiteStore
 from headrace.store.types import Settings
 from tests.services import unavailable
 
@@ -46,10 +46,8 @@ def make_backend(name: str, clock: ManualClock, tmp_path: Path) -> Store:
     """A store for backend `name` whose durable state belongs to `tmp_path`: a second call with
     the same path reopens the same state (a file, or a PostgreSQL schema named after it)."""
     if name == "memory":
-        return MemoryStore(clock)
+        return SQLiteStore.in_memory(clock=clock)
     if name == "sqlite":
-        from headrace.store.sqlite import SQLiteStore
-
         return SQLiteStore(tmp_path / "conformance.db", clock=clock)
     if name == "postgres":
         from headrace.store.postgres import PostgresStore

@@ -22,9 +22,9 @@ def open_store(url: str, *, clock: Clock | None = None) -> Store:
     """A store for `url`; the store is opened later with `Store.open(settings)`."""
     scheme = urlsplit(url).scheme
     if scheme == MEMORY_SCHEME:
-        from headrace.store.memory import MemoryStore
+        from headrace.store.sqlite import SQLiteStore
 
-        return MemoryStore(clock)
+        return SQLiteStore.in_memory(clock=clock)
     if scheme == SQLITE_SCHEME:
         from headrace.store.sqlite import SQLiteStore
 

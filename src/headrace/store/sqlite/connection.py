@@ -44,10 +44,12 @@ def path_from_url(url: str) -> Path:
 
 def connect(path: Path, busy_timeout: float, queries: Queries) -> sqlite3.Connection:
     """A connection in autocommit mode (transactions are explicit), WAL, foreign keys on; its
-    commits leave checkpoints to the store's checkpointer."""
+    commits leave checkpoints to the store's checkpointer. (An in-memory database, `:memory:`,
+    keeps its journal in memory whatever it is asked, and has no log to checkpoint.)"""
     connection = sqlite3.connect(
         path,
         timeout=busy_timeout,
+        check_same_thread=False,  # the store runs one statement at a time itself
         isolation_level=None,
         detect_types=sqlite3.PARSE_COLNAMES,  # a column "x [headrace_json]" is read as JSON
         cached_statements=STATEMENT_CACHE,
