@@ -10,8 +10,9 @@ to the wall clock (epoch seconds), which every process on the host shares.
 The connection lives on one worker thread and each verb runs there whole, so the event loop never
 waits on the database. `memory://` is the same store on an in-memory database
 (`SQLiteStore.in_memory`): the same machine and statements, each verb run at once on the event
-loop's thread (store/sqlite/running.py says how each runs). The statements are named in `store/sql/sqlite/queries.sql`; the schema is
-the versioned migrations in `store/sql/sqlite/migrations/`, applied by `open()`.
+loop's thread (store/sqlite/running.py). The statements are named in
+`store/sql/sqlite/queries.sql`; the schema is the versioned migrations in
+`store/sql/sqlite/migrations/`, applied by `open()`.
 """
 
 from __future__ import annotations
