@@ -1,7 +1,7 @@
 """The store's state machine, written once: every verb's transaction (submit, claim, the
 outcomes, start stamps, renewals, cancel, redrive, reaping, the reads) as steps over named
 statements. A backend is a `Driver`: it runs a named statement of its own dialect and hands back
-its rows; the memory store is the model the conformance suite holds this to.
+its rows. `memory://` runs it too, on SQLite's in-memory database: there is no other copy.
 
 Writers lock rows in one order: tasks (by id), then gates (by name), then flows (by name), then
 the store-wide counters, and the cost ledger (a row per group, kind and worker) last. An outcome
@@ -46,7 +46,7 @@ from headrace.store.types import (
 
 class Transaction(Claiming, RecordSteps, PruneSteps):
     """One verb's transaction: the statements it runs and the state machine's steps, as in
-    `MemoryStore` and `SQLiteStore` (the conformance suite holds the three to one semantics)."""
+    SQLite's and PostgreSQL's, held to one semantics by the conformance suite."""
 
     # -- remote jobs
 
