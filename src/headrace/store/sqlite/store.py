@@ -43,6 +43,7 @@ from headrace.store.sqlite.connection import (
     drive,
     in_transaction,
     migrate,
+    migrate_in_memory,
     path_from_url,
     scripts,
     translated,
@@ -220,7 +221,10 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
             raise StoreError(f"the sqlite store needs SQLite >= 3.35, not {sqlite3.sqlite_version}")
         connection = translated(lambda: connect(self.path, self.busy_timeout, self._queries))
         try:
-            migrate(connection, self._queries)
+            if str(self.path) == IN_MEMORY:
+                translated(lambda: migrate_in_memory(connection, self._queries))
+            else:
+                migrate(connection, self._queries)
         except BaseException:
             connection.close()
             raise
