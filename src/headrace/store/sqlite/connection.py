@@ -3,6 +3,7 @@ and the driver that runs the machine's named statements at once on the store's t
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import sqlite3
@@ -136,6 +137,7 @@ def migrate_in_memory(connection: sqlite3.Connection, queries: Queries) -> int:
         if not _template:
             template = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
             migrate(template, queries)
+            atexit.register(template.close)
             _template.append(template)
         _template[0].backup(connection)
     return int(connection.execute(queries["user_version"].text).fetchone()[0])

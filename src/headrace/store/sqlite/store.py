@@ -60,7 +60,8 @@ IN_MEMORY = ":memory:"  # the path of a database that lives in its connection
 
 
 class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
-    """The embedded store: one SQLite file, shared by the processes of one host."""
+    """The embedded store: one SQLite file, shared by the processes of one host; or, at
+    `IN_MEMORY`, a database of one process (`memory://`)."""
 
     def __init__(
         self,
@@ -77,7 +78,8 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
                 f"sqlite data_version_poll: expected seconds > 0, got {data_version_poll!r}"
             )
         self.path = Path(path)
-        self.clock: Clock = clock or (LoopClock() if str(path) == IN_MEMORY else WallClock())
+        self._in_memory = str(path) == IN_MEMORY
+        self.clock: Clock = clock or (LoopClock() if self._in_memory else WallClock())
         self.busy_timeout = busy_timeout
         self.data_version_poll = data_version_poll
         self.settings = Settings()
@@ -87,7 +89,7 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
         self._sweeps = Sweeps()
         self._running: Running = (
             Inline(repr(self))
-            if str(path) == IN_MEMORY
+            if self._in_memory
             else OnThread(
                 repr(self),
                 self.path,
@@ -101,7 +103,8 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
     @classmethod
     def in_memory(cls, *, clock: Clock | None = None) -> SQLiteStore:
         """`memory://`: the same store on an in-memory database, for one process (tests, the
-        simulator). Its time is the running event loop's clock unless a clock is given."""
+        simulator). Its time is the running event loop's clock unless a clock is given. Its
+        data lasts until it is closed."""
         return cls(IN_MEMORY, clock=clock)
 
     @classmethod
@@ -221,7 +224,7 @@ class SQLiteStore(TransactionVerbs, RecordVerbs, PruneVerbs):
             raise StoreError(f"the sqlite store needs SQLite >= 3.35, not {sqlite3.sqlite_version}")
         connection = translated(lambda: connect(self.path, self.busy_timeout, self._queries))
         try:
-            if str(self.path) == IN_MEMORY:
+            if self._in_memory:
                 translated(lambda: migrate_in_memory(connection, self._queries))
             else:
                 migrate(connection, self._queries)
