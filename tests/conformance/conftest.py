@@ -22,10 +22,10 @@ from psycopg import sql
 
 from headrace.policy import GateConfig, ManualClock, Rate
 from headrace.sim.loop import VirtualTimeLoop
-from headrace.store.memory import MemoryStore
 from headrace.store.protocol.records import RecordStore
 from headrace.store.protocol.tasks import Store
 from headrace.store.protocol.types import Settings
+from headrace.store.sqlite import SQLiteStore
 from tests.services import unavailable
 
 BACKENDS = ["memory", "sqlite", "postgres"]
@@ -47,10 +47,8 @@ def make_backend(name: str, clock: ManualClock, tmp_path: Path) -> Store:
     """A store for backend `name` whose durable state belongs to `tmp_path`: a second call with
     the same path reopens the same state (a file, or a PostgreSQL schema named after it)."""
     if name == "memory":
-        return MemoryStore(clock)
+        return SQLiteStore.in_memory(clock=clock)
     if name == "sqlite":
-        from headrace.store.sqlite import SQLiteStore
-
         return SQLiteStore(tmp_path / "conformance.db", clock=clock)
     if name == "postgres":
         from headrace.store.postgres import PostgresStore

@@ -1,10 +1,9 @@
 """Each store's rows read plainly, past its tallies, and finished tasks deleted the way retention
 deletes them: what `test_tallies.py` holds the tallied reads to.
 
-On SQLite and PostgreSQL these are plain statements on a connection of their own (the DELETEs
-are the ones retention runs: a finished task's dependency edges, tickets, attempts, then the
-task). The memory store has no rows to query: its records are read through its verbs, and its
-tasks leave through `MemoryStore._forget`, the one way out that keeps its tallies.
+These are plain statements on a connection of their own (the DELETEs are the ones retention
+runs: a finished task's dependency edges, tickets, attempts, then the task); on `memory://`,
+whose database lives in the store's connection, the same statements on that connection.
 """
 
 from __future__ import annotations
@@ -19,8 +18,9 @@ from typing import Protocol
 import psycopg
 from psycopg import sql
 
-from headrace.store.memory import MemoryStore
 from headrace.store.protocol.types import AttemptOutcome, TaskState
+from headrace.store.sqlite import SQLiteStore
+from headrace.store.sqlite.running import Inline
 
 from .conftest import POSTGRES_DSN, postgres_schema
 
@@ -65,11 +65,14 @@ class Plain(Protocol):
 
 def plain_for(backend: str, directory: Path, store: object) -> Plain:
     if backend == "sqlite":
-        return SQLiteRows(directory / "conformance.db")
+        connection = sqlite3.connect(directory / "conformance.db", isolation_level=None, timeout=5)
+        connection.execute("PRAGMA foreign_keys = ON")
+        return SQLiteRows(connection, owned=True)
     if backend == "postgres":
         return PostgresRows(postgres_schema(directory))
-    assert isinstance(store, MemoryStore)
-    return MemoryRows(store)
+    assert isinstance(store, SQLiteStore) and isinstance(store._running, Inline)
+    assert store._running.connection is not None
+    return SQLiteRows(store._running.connection, owned=False)  # the store's own database
 
 
 def _row(found: Sequence[object]) -> Row:
@@ -81,9 +84,9 @@ def _row(found: Sequence[object]) -> Row:
 
 
 class SQLiteRows:
-    def __init__(self, path: Path) -> None:
-        self.connection = sqlite3.connect(path, isolation_level=None, timeout=5.0)
-        self.connection.execute("PRAGMA foreign_keys = ON")
+    def __init__(self, connection: sqlite3.Connection, *, owned: bool) -> None:
+        self.connection = connection
+        self.owned = owned  # closed with these rows (not the store's own)
 
     def tasks(self) -> list[Row]:
         return [_row(found) for found in self.connection.execute(TASKS)]
@@ -100,7 +103,8 @@ class SQLiteRows:
         self.connection.execute("COMMIT")
 
     def close(self) -> None:
-        self.connection.close()
+        if self.owned:
+            self.connection.close()
 
 
 class PostgresRows:
@@ -123,30 +127,3 @@ class PostgresRows:
 
     def close(self) -> None:
         self.connection.close()
-
-
-class MemoryRows:
-    def __init__(self, store: MemoryStore) -> None:
-        self.store = store
-
-    def tasks(self) -> list[Row]:
-        return [
-            Row(
-                t.id,
-                t.kind,
-                t.group,
-                t.state,
-                t.ready_since if t.ready_since is not None else t.created_at,
-            )
-            for t in self.store._tasks.values()
-        ]
-
-    def attempts(self) -> Counter[AttemptOutcome]:
-        history = self.store._attempts.values()
-        return Counter(attempt.outcome for attempts in history for attempt in attempts)
-
-    def delete(self, task_ids: Sequence[int]) -> None:
-        self.store._forget(task_ids)
-
-    def close(self) -> None:
-        return None

@@ -20,9 +20,9 @@ from psycopg import sql
 from headrace.policy import GateConfig, Tier
 from headrace.policy.errors import KeyConflict
 from headrace.store.machine.claim import first_batch
-from headrace.store.memory import MemoryStore
 from headrace.store.postgres import PostgresStore
 from headrace.store.protocol.types import NewTask, Settings, Sibling, Succeeded, TaskState
+from headrace.store.sqlite import SQLiteStore
 from tests.integration.postgres import fresh_schema
 
 pytestmark = pytest.mark.anyio
@@ -188,7 +188,7 @@ async def test_the_one_statement_submit_tags_as_the_policy_does(
     stores: list[PostgresStore],
 ) -> None:
     """Tags from SQL and from `fairness.tag` agree to the bit, weights and virtual time moving."""
-    store, model = stores[0], MemoryStore()
+    store, model = stores[0], SQLiteStore.in_memory()
     await model.open(Settings())
     weights = {"a": 1.0, "b": 3.0, "c": 0.7, "d": 2.5}
     for n in range(12):

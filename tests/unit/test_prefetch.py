@@ -11,8 +11,8 @@ import pytest
 import headrace as hr
 from headrace.policy.errors import ConfigError, HeadraceError
 from headrace.runtime.prefetch import Prefetch
-from headrace.store.memory import MemoryStore
 from headrace.store.protocol.types import AttemptOutcome, ClaimResult, Lease, Outcome, TaskState
+from headrace.store.sqlite import SQLiteStore
 
 pytestmark = pytest.mark.anyio
 
@@ -82,15 +82,14 @@ def test_a_negative_prefetch_is_refused() -> None:
         hr.Worker(hr.App("memory://"), prefetch=-1)
 
 
-class SlowClaims(MemoryStore):
-    """A memory store whose claims take CLAIM seconds, as a round trip would; counts them."""
+class SlowClaims(SQLiteStore):
+    """An in-memory store whose claims take CLAIM seconds, as a round trip would; counts them."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(":memory:")
         self.claims = 0
         self.carrying = 0  # claims that recorded outcomes too
         self.alone = 0
-        self.claiming = False
         self.asked_ahead: list[int] = []
 
     async def claim(self, *args: Any, **kwargs: Any) -> ClaimResult:
@@ -98,18 +97,13 @@ class SlowClaims(MemoryStore):
         self.asked_ahead.append(int(kwargs.get("ahead", 0)))
         self.carrying += bool(kwargs.get("finished"))
         await asyncio.sleep(CLAIM)
-        self.claiming = True  # the memory store records a claim's outcomes with finish_many
-        try:
-            return await super().claim(*args, **kwargs)
-        finally:
-            self.claiming = False
+        return await super().claim(*args, **kwargs)  # its outcomes: not by finish_many
 
     async def finish_many(
         self, finished: Sequence[tuple[Lease, Outcome]]
     ) -> list[HeadraceError | None]:
-        if not self.claiming:
-            self.alone += 1  # outcomes written in a transaction of their own
-            await asyncio.sleep(CLAIM)
+        self.alone += 1  # outcomes written in a transaction of their own
+        await asyncio.sleep(CLAIM)
         return await super().finish_many(finished)
 
 

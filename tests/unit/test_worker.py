@@ -12,7 +12,6 @@ import pytest
 import headrace as hr
 from headrace.policy.errors import StoreUnavailable
 from headrace.policy.gate import default_guard
-from headrace.store.memory import MemoryStore
 from headrace.store.protocol.types import (
     AttemptOutcome,
     ClaimResult,
@@ -22,6 +21,7 @@ from headrace.store.protocol.types import (
     Outcome,
     TaskState,
 )
+from headrace.store.sqlite import SQLiteStore
 
 pytestmark = pytest.mark.anyio
 
@@ -409,11 +409,11 @@ async def test_a_restarted_worker_polls_the_remote_job_instead_of_resubmitting()
     assert polls == 2
 
 
-class FlakyStore(MemoryStore):
-    """A memory store that is unreachable for its first claims and outcome writes."""
+class FlakyStore(SQLiteStore):
+    """An in-memory store that is unreachable for its first claims and outcome writes."""
 
     def __init__(self, claims_down: int, finishes_down: int) -> None:
-        super().__init__()
+        super().__init__(":memory:")
         self.claims_down = claims_down
         self.finishes_down = finishes_down
 
@@ -451,11 +451,11 @@ async def test_a_store_outage_delays_work_and_loses_nothing(
     assert record.attempt == 1
 
 
-class HeldOutcomes(MemoryStore):
-    """A memory store whose outcome writes wait until `written` is set."""
+class HeldOutcomes(SQLiteStore):
+    """An in-memory store whose outcome writes wait until `written` is set."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(":memory:")
         self.written = asyncio.Event()
 
     async def finish_many(self, outcomes: Sequence[tuple[Lease, Outcome]]) -> Any:
@@ -494,11 +494,11 @@ async def test_a_slot_runs_its_next_task_while_the_outcome_is_written() -> None:
     assert gate.peak_in_flight == 3
 
 
-class CountedClaims(MemoryStore):
-    """A memory store that counts outcomes recorded by claims and on their own."""
+class CountedClaims(SQLiteStore):
+    """An in-memory store that counts outcomes recorded by claims and on their own."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(":memory:")
         self.with_claims = 0
         self.alone = 0
 
@@ -547,10 +547,9 @@ async def test_a_busy_worker_records_outcomes_with_the_claims_that_refill_their_
         counts = await app.store.counts()
     assert stats.succeeded == counts[TaskState.SUCCEEDED] == 40
     # While other handlers run, an outcome waits for the claim that refills its slot; only
-    # those written when none runs (the last ones) go on their own. (The memory store's
-    # claim records its outcomes through finish_many: counted in both.)
+    # those written when none runs (the last ones) go on their own.
     assert store.with_claims >= 30
-    assert store.alone - store.with_claims <= 10
+    assert store.alone <= 10
 
 
 async def test_an_outcome_is_written_at_once_when_no_other_handler_runs() -> None:
@@ -619,7 +618,7 @@ def test_a_gate_template_needs_its_field() -> None:
 
 
 async def test_drain_waits_only_for_its_own_kinds() -> None:
-    store = MemoryStore()
+    store = SQLiteStore.in_memory()
     ours, theirs = hr.App("memory://", store=store), hr.App("memory://", store=store)
 
     @ours.task()
@@ -639,11 +638,11 @@ async def test_drain_waits_only_for_its_own_kinds() -> None:
     assert counts[TaskState.READY] == 1
 
 
-class CountingStore(MemoryStore):
-    """A memory store that records when each claim happened."""
+class CountingStore(SQLiteStore):
+    """An in-memory store that records when each claim happened."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(":memory:")
         self.claims: list[float] = []
 
     async def claim(self, *args: Any, **kwargs: Any) -> ClaimResult:

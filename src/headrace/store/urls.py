@@ -7,7 +7,6 @@ from urllib.parse import urlsplit
 
 from headrace.policy.clock import Clock
 from headrace.policy.errors import ConfigError
-from headrace.store.memory import MemoryStore
 from headrace.store.postgres import PostgresStore
 from headrace.store.postgres.connection import POSTGRES_SCHEMES
 from headrace.store.protocol.tasks import Store
@@ -23,7 +22,7 @@ def open_store(url: str, *, clock: Clock | None = None) -> Store:
     """A store for `url`; the store is opened later with `Store.open(settings)`."""
     scheme = urlsplit(url).scheme
     if scheme == MEMORY_SCHEME:
-        return MemoryStore(clock)
+        return SQLiteStore.in_memory(clock=clock)
     if scheme == SQLITE_SCHEME:
         return SQLiteStore.from_url(url, clock=clock)
     if scheme in POSTGRES_SCHEMES:

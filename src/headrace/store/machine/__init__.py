@@ -5,7 +5,7 @@ the driver, statements, clock, gate rows and what the transaction writes at its 
 tickets.py (gate tickets, dependency trees), submit.py, outcomes.py (what lease holders write;
 cancellation, reaping, remote jobs), claim.py, records.py, pruning.py (and named leases) and
 reads.py. A backend is a `Driver`: it runs a named statement of its own dialect and hands back
-its rows; the memory store is the model the conformance suite holds this to.
+its rows. `memory://` runs it too, on SQLite's in-memory database: there is no other copy.
 
 Writers lock rows in one order: tasks (by id), then gates (by name), then flows (by name), then
 the store-wide counters, and the cost ledger (a row per group, kind and worker) last. An outcome

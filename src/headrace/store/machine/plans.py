@@ -7,8 +7,8 @@ their attempts and dependency rows; a group's counts go to its rollup first, its
 never touched), delivered notices, audit rows, and the records of `RECORD_PLANS`. A batch takes
 the rows past its cutoff after a mark (the last row the batch before looked at), oldest first.
 
-A final task past its age stays while (the statements `prunable_tasks` say it once per backend,
-and `MemoryStore` mirrors them):
+A final task past its age stays while (the statements `prunable_tasks` say it once per SQL
+dialect):
 
 - a task that depends on it is not final yet;
 - it waits on a task that is dead, or cancelled because one it waited on failed: a redrive

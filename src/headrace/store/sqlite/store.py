@@ -8,14 +8,16 @@ rate hold across all of them. Writers queue for that lock through the write turn
 to the wall clock (epoch seconds), which every process on the host shares.
 
 The connection lives on one worker thread and each verb runs there whole, so the event loop never
-waits on the database. The statements are named in `store/sqlite/sql/queries.sql`; the schema is
-the versioned migrations in `store/sqlite/sql/migrations/`, applied by `open()`.
+waits on the database. `memory://` is the same store on an in-memory database
+(`SQLiteStore.in_memory`): the same machine and statements, each verb run at once on the event
+loop's thread (store/sqlite/running.py). The statements are named in
+`store/sqlite/sql/queries.sql`; the schema is the versioned migrations in
+`store/sqlite/sql/migrations/`, applied by `open()`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sqlite3
 from collections.abc import (
     Awaitable,
@@ -23,12 +25,11 @@ from collections.abc import (
     Collection,
     Sequence,
 )
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
-from headrace.policy.clock import Clock, WallClock
+from headrace.policy.clock import Clock, LoopClock, WallClock
 from headrace.policy.errors import ConfigError, HeadraceError, StoreError
 from headrace.policy.gate import GateConfig
 from headrace.store.machine import Claimed, LeasedRows, Sweeps, Transaction, sql
@@ -44,8 +45,6 @@ from headrace.store.protocol.types import (
     Outcome,
     Settings,
 )
-from headrace.store.sqlite import handoff
-from headrace.store.sqlite.checkpoint import Checkpointer
 from headrace.store.sqlite.connection import (
     MIN_SQLITE_VERSION,
     QUERIES,
@@ -55,21 +54,23 @@ from headrace.store.sqlite.connection import (
     drive,
     in_transaction,
     migrate,
+    migrate_in_memory,
     path_from_url,
     scripts,
     translated,
 )
-from headrace.store.sqlite.turn import WriteTurn
-from headrace.store.sqlite.wake import WakeChannel
+from headrace.store.sqlite.running import Inline, OnThread, Running
 
 T = TypeVar("T")
 
 # Seconds between looks for other processes' commits: the fallback when no wake-up comes.
 DATA_VERSION_POLL = 0.02
+IN_MEMORY = ":memory:"  # the path of a database that lives in its connection
 
 
 class SQLiteStore(TaskVerbs):
-    """The embedded store: one SQLite file, shared by the processes of one host."""
+    """The embedded store: one SQLite file, shared by the processes of one host; or, at
+    `IN_MEMORY`, a database of one process (`memory://`)."""
 
     def __init__(
         self,
@@ -86,7 +87,8 @@ class SQLiteStore(TaskVerbs):
                 f"sqlite data_version_poll: expected seconds > 0, got {data_version_poll!r}"
             )
         self.path = Path(path)
-        self.clock: Clock = clock or WallClock()
+        self._in_memory = str(path) == IN_MEMORY
+        self.clock: Clock = clock or (LoopClock() if self._in_memory else WallClock())
         self.busy_timeout = busy_timeout
         self.data_version_poll = data_version_poll
         self.settings = Settings()
@@ -94,15 +96,26 @@ class SQLiteStore(TaskVerbs):
         self._queries: Queries = sql.load_queries(QUERIES)
         self._scripts = scripts(self._queries)
         self._sweeps = Sweeps()
-        self._executor: ThreadPoolExecutor | None = None
-        self._connection: sqlite3.Connection | None = None
-        self._data_version = 0
-        self._woke = False  # set on the store's thread by a write that may free work
-        self._woken = asyncio.Event()  # ... and passed on to waiters by the event loop
-        self._channel = WakeChannel(self.path, self._woken.set)  # ... to and from other processes
-        self._checkpointer: Checkpointer | None = None
-        self._turn = WriteTurn(self.path, busy_timeout)  # writers of every process queue here
+        self._running: Running = (
+            Inline(repr(self))
+            if self._in_memory
+            else OnThread(
+                repr(self),
+                self.path,
+                busy_timeout=busy_timeout,
+                data_version_poll=data_version_poll,
+                checkpoint=self._queries["checkpoint"].text,
+                data_version=self._queries["data_version"].text,
+            )
+        )
         self.records = RecordVerbs(self)  # same database, same transactions
+
+    @classmethod
+    def in_memory(cls, *, clock: Clock | None = None) -> SQLiteStore:
+        """`memory://`: the same store on an in-memory database, for one process (tests, the
+        simulator). Its time is the running event loop's clock unless a clock is given. Its
+        data lasts until it is closed."""
+        return cls(IN_MEMORY, clock=clock)
 
     @classmethod
     def from_url(
@@ -119,17 +132,7 @@ class SQLiteStore(TaskVerbs):
     async def open(self, settings: Settings) -> None:
         self.settings = settings
         self._configs = {config.name: config for config in settings.gates}
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="headrace-sqlite")
-            handoff.shorten()  # the thread takes the interpreter back soon after each statement
-        try:
-            await self._in_thread(self._connect)
-        except BaseException:
-            await self.close()
-            raise
-        if self._checkpointer is None:
-            self._checkpointer = Checkpointer(self.path, self._queries["checkpoint"].text)
-            self._checkpointer.start()
+        await self._running.start(self._connect)
 
     async def upgrade(self) -> tuple[int, int]:
         """Apply the migrations the file lacks, on a connection of its own; return the schema
@@ -145,39 +148,15 @@ class SQLiteStore(TaskVerbs):
             connection.close()
 
     async def close(self) -> None:
-        self._channel.close()
-        checkpointer, self._checkpointer = self._checkpointer, None
-        if checkpointer is not None:
-            await asyncio.to_thread(checkpointer.stop)
-        executor, self._executor = self._executor, None
-        if executor is None:
-            return
-        try:
-            await asyncio.get_running_loop().run_in_executor(executor, self._disconnect)
-        finally:
-            executor.shutdown(wait=True)
-            self._turn.close()
-            handoff.restore()
+        await self._running.stop()
 
     async def now(self) -> float:
         return self.clock.now()
 
     async def wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
-        """Return once a write of this store made work claimable since the last claim, or one
-        of another process did (its wake-up comes through store/sqlite/wake.py), or another
-        connection committed (the file's data version, looked at every `data_version_poll`
-        seconds: the fallback for a lost wake-up), or after `timeout`."""
-        self._channel.listen()  # before the data version is read: no commit slips between
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while (left := deadline - loop.time()) > 0:
-            if self._woken.is_set():
-                self._woken.clear()  # seen: the next wait waits for something newer
-                return
-            if await self._in_thread(self._changed_elsewhere):
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._woken.wait(), min(self.data_version_poll, left))
+        """Return once a commit made work claimable since the last claim, or after `timeout`
+        (on a file, a commit of another process too: store/sqlite/running.py)."""
+        await self._running.wait_for_work(timeout)
 
     # -- claiming (the other verbs: TaskVerbs)
 
@@ -195,7 +174,7 @@ class SQLiteStore(TaskVerbs):
         ahead: int = 0,
     ) -> ClaimResult:
         wanted, batch = kinds_list(kinds), tuple(finished)
-        self._woken.clear()  # this claim sees everything written before it
+        self._running.woken.clear()  # this claim sees everything written before it
 
         async def verb(
             tx: Transaction,
@@ -220,48 +199,23 @@ class SQLiteStore(TaskVerbs):
         results, claimed, rows = await self._write(verb)
         return replace(claimed.result(rows), finished=tuple(results))  # records out of the lock
 
-    # -- the worker thread
+    # -- running a transaction (store/sqlite/running.py: on the file's thread, or inline)
 
     async def _write(
         self, verb: Callable[[Transaction], Awaitable[T]], *, clock_first: bool = True
     ) -> T:
         """Every write reads the clock first: it holds the file's write lock from its start."""
-        result = await self._in_thread(lambda: self._transact_write(verb))
-        if self._woke:  # committed: idle workers may claim, in this process and others
-            self._woke = False
-            self._woken.set()
-            self._channel.notify()
-        return result
+        return await self._running.write(lambda conn: self._transact(conn, "begin_write", verb))
 
     async def _read(self, verb: Callable[[Transaction], Awaitable[T]]) -> T:
-        return await self._in_thread(lambda: self._transact("begin_read", verb))
+        return await self._running.read(lambda conn: self._transact(conn, "begin_read", verb))
 
-    def _read_data_version(self, conn: sqlite3.Connection) -> int:
-        return int(conn.execute(self._queries["data_version"].text).fetchone()[0])
-
-    def _changed_elsewhere(self) -> bool:
-        """Whether another connection committed since this one last looked (store thread)."""
-        if self._connection is None:
-            return False
-        version = self._read_data_version(self._connection)
-        changed = version != self._data_version
-        self._data_version = version
-        return changed
-
-    async def _in_thread(self, work: Callable[[], T]) -> T:
-        if self._executor is None:
-            raise StoreError(f"{self!r} is not open: await store.open(settings) first")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
-
-    def _transact_write(self, verb: Callable[[Transaction], Awaitable[T]]) -> T:
-        with self._turn:  # before BEGIN IMMEDIATE: no busy wait between this host's writers
-            return self._transact("begin_write", verb)
-
-    def _transact(self, begin: str, verb: Callable[[Transaction], Awaitable[T]]) -> T:
-        connection = self._connection
-        if connection is None:
-            raise StoreError(f"{self!r} is not open: await store.open(settings) first")
-
+    def _transact(
+        self,
+        connection: sqlite3.Connection,
+        begin: str,
+        verb: Callable[[Transaction], Awaitable[T]],
+    ) -> T:
         async def steps(tx: Transaction) -> T:
             await tx.read_clock()  # once the lock is held, so times follow the commit order
             result = await verb(tx)
@@ -271,26 +225,21 @@ class SQLiteStore(TaskVerbs):
         def work(conn: sqlite3.Connection) -> T:
             tx = Transaction(Driver(conn, self._scripts), self._configs, self.settings, self.clock)
             result = drive(steps(tx))
-            self._data_version = self._read_data_version(conn)
-            self._woke = self._woke or tx.wake
+            self._running.settle(conn, wake=tx.wake)
             return result
 
         return in_transaction(connection, self._queries, begin, work)
 
-    def _connect(self) -> None:
-        if self._connection is not None:
-            return
+    def _connect(self) -> sqlite3.Connection:
         if sqlite3.sqlite_version_info < MIN_SQLITE_VERSION:
             raise StoreError(f"the sqlite store needs SQLite >= 3.35, not {sqlite3.sqlite_version}")
         connection = translated(lambda: connect(self.path, self.busy_timeout, self._queries))
         try:
-            migrate(connection, self._queries)
+            if self._in_memory:
+                translated(lambda: migrate_in_memory(connection, self._queries))
+            else:
+                migrate(connection, self._queries)
         except BaseException:
             connection.close()
             raise
-        self._connection = connection
-
-    def _disconnect(self) -> None:
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            connection.close()
+        return connection

@@ -467,6 +467,7 @@ SELECT (SELECT coalesce(max(id), 0) FROM tasks) + i AS id FROM seq;
 
 -- name: submit_start
 -- A batch's flows made if new, then their finish tags (in name order), its ids, the virtual time and the clock.
+-- The finish tags are written out with 17 digits: SQLite's JSON writes a REAL with 15, which would round each new task's tag away from the one `fairness.tag` gives.
 INSERT OR IGNORE INTO flows (flow, finish_tag) SELECT value, 0 FROM json_each(:flows);
 WITH RECURSIVE seq (i) AS (
     SELECT 1 WHERE :n >= 1
@@ -478,7 +479,8 @@ WITH RECURSIVE seq (i) AS (
     ORDER BY flow
 )
 SELECT (SELECT json_group_array(flow) FROM taken) AS "flows [headrace_json]",
-       (SELECT json_group_array(finish_tag) FROM taken) AS "finish_tags [headrace_json]",
+       (SELECT json_group_array(json(printf('%!.17g', finish_tag))) FROM taken)
+           AS "finish_tags [headrace_json]",
        (
            SELECT json_group_array((SELECT coalesce(max(id), 0) FROM tasks) + i) FROM seq
        ) AS "ids [headrace_json]",
