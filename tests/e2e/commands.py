@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -49,3 +50,17 @@ def failure_line(done: subprocess.CompletedProcess[str]) -> str:
     lines = done.stderr.splitlines()
     assert len(lines) == 1, done.stderr
     return lines[0]
+
+
+def studio_report(done: subprocess.CompletedProcess[str], path: Path) -> dict[str, Any]:
+    """`headrace demo --json path`'s report, once what every studio demo run promises holds:
+    exit 0, the report printed on the embedded store, every task done within its quota."""
+    assert done.returncode == 0, done.stderr
+    assert "makespan / lower bound" in done.stdout
+    assert "store: sqlite:///" in done.stdout
+    report: dict[str, Any] = json.loads(path.read_text())
+    assert report["all_succeeded"] is True
+    assert report["rate_limited_responses"] == 0
+    assert 1.0 <= report["ratio"] < 1.5
+    assert all(g["succeeded"] == g["total"] for g in report["groups"])
+    return report

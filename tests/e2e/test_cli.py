@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .commands import headrace
+from .commands import headrace, studio_report
 
 
 @pytest.mark.realtime
@@ -17,14 +17,8 @@ from .commands import headrace
 def test_demo_runs_the_studio_under_quota_on_the_embedded_store(tmp_path: Path) -> None:
     report_path = tmp_path / "report.json"
     done = headrace("demo", "--no-progress", "--json", str(report_path), cwd=tmp_path, timeout=200)
-    assert done.returncode == 0, done.stderr
-    assert "makespan / lower bound" in done.stdout
-    assert "store: sqlite:///" in done.stdout
-    report = json.loads(report_path.read_text())
-    assert report["all_succeeded"] is True
-    assert report["rate_limited_responses"] == 0
+    report = studio_report(done, report_path)
     assert report["first_jammed"] == "provider:image"
-    assert 1.0 <= report["ratio"] < 1.5
     assert report["aging_promotions"] == 8
     assert report["promoted_to_rush"] == 0
     assert report["rush_jumps"] > 0
@@ -37,7 +31,6 @@ def test_demo_runs_the_studio_under_quota_on_the_embedded_store(tmp_path: Path) 
         "ep6",
         "posters",
     ]
-    assert all(g["succeeded"] == g["total"] for g in report["groups"])
     assert all(g["dead"] == 0 and g["cancelled"] == 0 for g in report["groups"])
     for stats in report["referee"].values():
         assert stats["rejected"] == 0
