@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 from playwright.async_api import ConsoleMessage, Error, Page, async_playwright
+from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from headrace.pipelines.moderation import samples
 from headrace.pipelines.moderation.review import REJECT_REASONS
@@ -215,11 +216,8 @@ async def decide(moderator: Moderator, item: dict[str, Any], n: int) -> None:
             moderator.refused_before_play += 1
         else:
             await moderator.press(" ")
-        await moderator.page.wait_for_function(
-            "() => { const m = document.querySelector('li.item.current audio, li.item.current"
-            " video'); return m && m.ended; }",
-            timeout=30_000,
-        )
+        if not await played_to_the_end(moderator, item["id"]):
+            return  # decided elsewhere meanwhile (another moderator's range): the page moved on
         moderator.played += 1
     if (n + 1) % REJECT_EVERY == 0:
         await moderator.press("r", str(1 + n % len(REJECT_REASONS)))
@@ -232,6 +230,38 @@ async def decide(moderator: Moderator, item: dict[str, Any], n: int) -> None:
         assert again is not None and again["id"] == item["id"]
         moderator.undone = item["id"]
         await moderator.press("a")
+
+
+PLAYED = """id => {
+    const li = document.querySelector(`li.item[data-media-id="${id}"]`);
+    const here = li && li.dataset.state === 'reviewable' && li.classList.contains('current');
+    if (!here) return 'gone';
+    const m = li.querySelector('audio, video');
+    return m && m.ended ? 'ended' : false;
+}"""
+
+PLAYER = """id => {
+    const m = document.querySelector(`li.item[data-media-id="${id}"] audio,`
+        + ` li.item[data-media-id="${id}"] video`);
+    return m ? {paused: m.paused, ready: m.readyState, network: m.networkState,
+        error: m.error && m.error.code, at: m.currentTime, duration: m.duration} : null;
+}"""
+
+
+async def played_to_the_end(moderator: Moderator, media_id: str) -> bool:
+    """Wait until the item's sound or video has played to the end (True), or the item left:
+    decided by another moderator, so the page made the next one current (False)."""
+    page = moderator.page
+    try:
+        handle = await page.wait_for_function(PLAYED, arg=media_id, timeout=30_000)
+    except PlaywrightTimeout:
+        player = await page.evaluate(PLAYER, media_id)
+        status = await page.inner_text("#status")
+        raise AssertionError(
+            f"{moderator.name}: {media_id} not played to the end in 30 s: {player}, {status!r}"
+        ) from None
+    ended: bool = await handle.json_value() == "ended"
+    return ended
 
 
 async def bulk_by_session(moderator: Moderator) -> bool:
