@@ -33,6 +33,7 @@ BACKENDS = ["memory", "sqlite", "postgres"]
 GATES = (  # no guard: the cases time starts to the edge of a window
     GateConfig("provider:video", concurrency=2, rate=Rate(4, per="10s"), guard=0),
     GateConfig("provider:image", concurrency=3, rate=Rate(10, per="6s"), guard=0),
+    GateConfig("provider:speech", rate=Rate(2, per="10s"), guard=0),  # a rate, no cap
     GateConfig("session:*", concurrency=1),
     GateConfig("free"),
 )

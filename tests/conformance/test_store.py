@@ -359,6 +359,31 @@ async def test_rate_keeps_the_burst_and_every_window(store: Store, clock: Manual
     assert stats.blocked_by_token >= 1 and stats.first_blocked_at is not None
 
 
+async def test_a_stamp_that_makes_room_wakes_waiting_workers(
+    store: Store, clock: ManualClock
+) -> None:
+    """Reserved starts as many as the rate's: only a stamp (or a release) makes room, so a
+    refused claim is given no time to come back, and the stamp wakes the workers waiting."""
+    await store.submit([task(f"s{i}", gates=("provider:speech",)) for i in range(3)])
+    granted = await claim(store)
+    assert len(granted) == 2
+    refused = await store.claim("w1", 10, lease_for=LEASE)
+    assert (refused.leases, refused.wake_at) == ((), None)
+    await store.wait_for_work(0.05)  # what came before is seen (and PostgreSQL listens)
+    before = store.wakes
+    waiting = asyncio.create_task(store.wait_for_work(30.0))
+    await store.start(granted[0])
+    await asyncio.wait_for(waiting, 10.0)  # woken, not at the end of its 30 s
+    assert store.wakes > before
+    later = await store.claim("w1", 10, lease_for=LEASE)
+    assert later.leases == ()  # two in the window still, one of them stamped now
+    assert later.wake_at == pytest.approx(clock.now() + 10.0)
+    woken = store.wakes
+    await store.start(granted[0])  # stamped already: nothing changes, nobody is woken
+    await store.wait_for_work(0.05)
+    assert store.wakes == woken
+
+
 async def test_a_start_counts_from_its_call_not_its_grant(store: Store, clock: ManualClock) -> None:
     """A grant reserves a start that counts in every window until the handler stamps it; from
     then it counts for one window from the stamp, however late after the grant that came."""

@@ -1,12 +1,20 @@
 """A worker's claims: work for its free slots (and some ahead of them, runtime/prefetch.py),
 within its cost classes' room and its memory budget, carrying the outcomes waiting to be
-written in the same transaction."""
+written in the same transaction.
+
+A claim that left slots free is an answer that stands (`Standing`): nothing else is
+claimable for what the worker asked until the time the store named (`wake_at`), unless the
+store sees a write that may have made work claimable (`Store.wakes`: its own, or another
+process's notice) or what the worker asks changes (a task of its starts or ends). Until
+then the worker claims nothing, and the outcomes a claim would have carried are written on
+their own: waking for a remote check, or writing its outcome, is no reason to ask again (a
+studio run made 4,491 claims that leased nothing of 5,247, most of them so)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from headrace.policy.errors import StoreUnavailable
 from headrace.runtime.app import App
@@ -17,6 +25,28 @@ from headrace.store.machine.dispatch import earliest
 from headrace.store.protocol.types import ClaimResult, KindLimit, MemoryRoom
 
 
+@dataclass(frozen=True)
+class Standing:
+    """The answer of a claim that left slots free, while it stands: until `until` (the event
+    loop's clock: the store's `wake_at`, and no later than the worker's `idle`), while the
+    store has seen no wake-up since the claim began (`wakes`), for the same `kinds` asked,
+    with the same tasks running and none waiting to start."""
+
+    until: float
+    wakes: int
+    kinds: tuple[str, ...]
+    running: frozenset[int]
+    wake_at: float | None  # the store's time the answer named
+
+    def holds(self, now: float, wakes: int, kinds: list[str], running: frozenset[int]) -> bool:
+        return (
+            now < self.until
+            and self.wakes == wakes
+            and self.running == running
+            and self.kinds == tuple(kinds)
+        )
+
+
 class Claims:
     """Claims work into `slots` for the worker `settings` describe."""
 
@@ -24,6 +54,12 @@ class Claims:
         self.app = app
         self.settings = settings
         self.slots = slots
+        self.standing: Standing | None = None
+
+    @property
+    def wake_at(self) -> float | None:
+        """When the standing answer said something may come due (store time)."""
+        return None if self.standing is None else self.standing.wake_at
 
     async def fill(self) -> tuple[ClaimResult | None, list[str]]:
         """Claim for the free slots if the worker may; what was claimed (None: nothing asked)
@@ -35,13 +71,50 @@ class Claims:
         if classes:
             kinds = classes.open_kinds(kinds, room)
         claimed = None
-        if kinds and self.slots.may_claim():
-            claimed = await self._fill_slots(completions, kinds, room)
-        else:
+        if not (kinds and self.slots.may_claim()):
             completions.kick()
+        elif self._stands(kinds):
+            # What the claim would have carried, written before the loop looks at its checks
+            # (a check's next time is the one its outcome set).
+            await completions.write_now()
+        else:
+            wakes = self.app.store.wakes  # before the claim: a wake-up during it is not seen
+            claimed = await self._fill_slots(completions, kinds, room)
+            self._stand(claimed, kinds, wakes)
         if not self.slots.claim_coming():
             completions.kick()  # outcomes left waiting that no claim is about to take
         return claimed, kinds
+
+    def _stands(self, kinds: list[str]) -> bool:
+        standing = self.standing
+        if standing is None:
+            return False
+        now, wakes, running = (
+            asyncio.get_running_loop().time(),
+            self.app.store.wakes,
+            self.slots.running,
+        )
+        if self.slots.queued or not standing.holds(now, wakes, kinds, frozenset(running)):
+            self.standing = None
+        return self.standing is not None
+
+    def _stand(self, claimed: ClaimResult, kinds: list[str], wakes: int) -> None:
+        """Keep the answer of a claim that left slots free (and passed over no task that
+        must run alone) until it may change."""
+        slots = self.slots
+        if slots.more or slots.queued or slots.solo_waiting or claimed.solo_waiting:
+            self.standing = None
+            return
+        stands_for = self.settings.idle
+        if claimed.wake_at is not None:
+            stands_for = min(stands_for, claimed.wake_at - claimed.now)
+        self.standing = Standing(
+            until=asyncio.get_running_loop().time() + stands_for,
+            wakes=wakes,
+            kinds=tuple(kinds),
+            running=frozenset(slots.running),
+            wake_at=claimed.wake_at,
+        )
 
     async def _fill_slots(
         self, completions: Completions, kinds: list[str], room: Mapping[str, int]

@@ -94,6 +94,11 @@ class Completions:
         if self._queue and (self._writer is None or self._writer.done()):
             self._writer = asyncio.create_task(self._write())
 
+    async def write_now(self) -> None:
+        """Write the waiting outcomes in the caller's turn (a claim would have carried them)."""
+        while self._queue:
+            await self._write_batch(self.take())
+
     async def _write(self) -> None:
         while self._queue:
             await self._write_batch(self.take())

@@ -28,6 +28,7 @@ class Listener:
         self._listen = listen
         self._woken: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self.wakes = 0  # notices heard, and connections made again (`Store.wakes`)
 
     async def wait(self, timeout: float) -> None:  # noqa: ASYNC109
         if self._woken is None:
@@ -66,6 +67,8 @@ class Listener:
         async with conn:
             await conn.execute(self._listen)
             if missed:
+                self.wakes += 1
                 woken.set()
             async for _ in conn.notifies():
+                self.wakes += 1
                 woken.set()

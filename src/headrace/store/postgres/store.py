@@ -224,6 +224,10 @@ class PostgresStore(TaskVerbs):
             self._clock_question = question
         return await asyncio.shield(question)
 
+    @property
+    def wakes(self) -> int:
+        return self._listener.wakes
+
     async def wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
         self.sessions.pool()  # open, or say so
         await self._listener.wait(timeout)

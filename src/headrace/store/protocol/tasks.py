@@ -44,6 +44,13 @@ class Store(Protocol):
         """The store's clock."""
         ...
 
+    @property
+    def wakes(self) -> int:
+        """How many wake-ups this store has seen: its own writes that may have made work
+        claimable, and the notices of other processes' (what ends `wait_for_work`). A worker's
+        claim that left slots free stands while the count is unchanged (runtime/claiming.py)."""
+        ...
+
     # `timeout` is the poll fallback, not a failure: the wait ends quietly when it is spent.
     async def wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
         """Return once new work may be claimable, or after `timeout`: a write by any process,

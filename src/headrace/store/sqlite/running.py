@@ -39,6 +39,7 @@ class Running(Protocol):
     """What the store asks of the way its transactions run."""
 
     woken: asyncio.Event  # set when a commit may have made work claimable
+    wakes: int  # how many times it was set (`Store.wakes`)
 
     async def start(self, connect: Connect) -> None: ...
 
@@ -60,6 +61,7 @@ class Inline:
 
     def __init__(self, name: str) -> None:
         self.woken = asyncio.Event()
+        self.wakes = 0
         self._name = name
         self.connection: sqlite3.Connection | None = None
         self._woke = False
@@ -82,6 +84,7 @@ class Inline:
         result = await self.read(work)
         if self._woke:
             self._woke = False
+            self.wakes += 1
             self.woken.set()
         return result
 
@@ -110,6 +113,7 @@ class OnThread:
         data_version: str,
     ) -> None:
         self.woken = asyncio.Event()
+        self.wakes = 0
         self._name = name
         self._path = path
         self._poll = data_version_poll
@@ -119,7 +123,7 @@ class OnThread:
         self._connection: sqlite3.Connection | None = None
         self._data_version = 0
         self._woke = False  # set on the store's thread by a write that may free work
-        self._channel = WakeChannel(path, self.woken.set)  # ... to and from other processes
+        self._channel = WakeChannel(path, self._woken)  # ... to and from other processes
         self._checkpointer: Checkpointer | None = None
         self._turn = WriteTurn(path, busy_timeout)  # writers of every process queue here
 
@@ -158,7 +162,7 @@ class OnThread:
         result = await self._in_thread(lambda: self._in_turn(work))
         if self._woke:  # committed: idle workers may claim, in this process and others
             self._woke = False
-            self.woken.set()
+            self._woken()
             self._channel.notify()
         return result
 
@@ -179,9 +183,14 @@ class OnThread:
                 self.woken.clear()  # seen: the next wait waits for something newer
                 return
             if await self._in_thread(self._changed_elsewhere):
+                self.wakes += 1
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.woken.wait(), min(self._poll, left))
+
+    def _woken(self) -> None:
+        self.wakes += 1
+        self.woken.set()
 
     def _in_turn(self, work: Work[T]) -> T:
         with self._turn:  # before BEGIN IMMEDIATE: no busy wait between this host's writers

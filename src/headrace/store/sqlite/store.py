@@ -153,6 +153,10 @@ class SQLiteStore(TaskVerbs):
     async def now(self) -> float:
         return self.clock.now()
 
+    @property
+    def wakes(self) -> int:
+        return self._running.wakes
+
     async def wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
         """Return once a commit made work claimable since the last claim, or after `timeout`
         (on a file, a commit of another process too: store/sqlite/running.py)."""
