@@ -92,14 +92,11 @@ class Completions:
     def kick(self) -> None:
         """Write the waiting outcomes now, unless a write is under way (it takes them next)."""
         if self._queue and (self._writer is None or self._writer.done()):
-            self._writer = asyncio.create_task(self._write())
+            self._writer = asyncio.create_task(self.write_now())
 
     async def write_now(self) -> None:
-        """Write the waiting outcomes in the caller's turn (a claim would have carried them)."""
-        while self._queue:
-            await self._write_batch(self.take())
-
-    async def _write(self) -> None:
+        """Write the waiting outcomes, a batch at a time, until none waits (in the caller's
+        turn where a claim would have carried them; `kick` runs it as a task of its own)."""
         while self._queue:
             await self._write_batch(self.take())
 
