@@ -55,11 +55,9 @@ class Claims:
         self.settings = settings
         self.slots = slots
         self.standing: Standing | None = None
-
-    @property
-    def wake_at(self) -> float | None:
-        """When the standing answer said something may come due (store time)."""
-        return None if self.standing is None else self.standing.wake_at
+        # When the last `fill`'s claim, or the answer that stood for it, said something may
+        # come due (store time); None when it asked nothing (no room, or no kind open).
+        self.wake_at: float | None = None
 
     async def fill(self) -> tuple[ClaimResult | None, list[str]]:
         """Claim for the free slots if the worker may; what was claimed (None: nothing asked)
@@ -70,33 +68,32 @@ class Claims:
         room = classes.room(self.slots.running_kinds()) if classes else {}
         if classes:
             kinds = classes.open_kinds(kinds, room)
-        claimed = None
+        claimed, self.wake_at = None, None
         if not (kinds and self.slots.may_claim()):
             completions.kick()
-        elif self._stands(kinds):
+        elif (standing := self._still_standing(kinds)) is not None:
+            self.wake_at = standing.wake_at
             # What the claim would have carried, written before the loop looks at its checks
             # (a check's next time is the one its outcome set).
             await completions.write_now()
         else:
             wakes = self.app.store.wakes  # before the claim: a wake-up during it is not seen
             claimed = await self._fill_slots(completions, kinds, room)
+            self.wake_at = claimed.wake_at
             self._stand(claimed, kinds, wakes)
         if not self.slots.claim_coming():
             completions.kick()  # outcomes left waiting that no claim is about to take
         return claimed, kinds
 
-    def _stands(self, kinds: list[str]) -> bool:
+    def _still_standing(self, kinds: list[str]) -> Standing | None:
+        """The last claim's answer, if it still holds for `kinds` now."""
         standing = self.standing
         if standing is None:
-            return False
-        now, wakes, running = (
-            asyncio.get_running_loop().time(),
-            self.app.store.wakes,
-            self.slots.running,
-        )
-        if self.slots.queued or not standing.holds(now, wakes, kinds, frozenset(running)):
+            return None
+        now, running = asyncio.get_running_loop().time(), frozenset(self.slots.running)
+        if self.slots.queued or not standing.holds(now, self.app.store.wakes, kinds, running):
             self.standing = None
-        return self.standing is not None
+        return self.standing
 
     def _stand(self, claimed: ClaimResult, kinds: list[str], wakes: int) -> None:
         """Keep the answer of a claim that left slots free (and passed over no task that

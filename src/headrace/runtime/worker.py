@@ -230,7 +230,7 @@ class Worker:
         claimed, kinds = await self._claims.fill()
         now = claimed.now if claimed else await self.app.store.now()
         polls = await self._polls.fill(kinds, now)
-        wake_at = earliest(claimed.wake_at if claimed else self._claims.wake_at, self._polls.due)
+        wake_at = earliest(self._claims.wake_at, self._polls.due)
         return wake_at, polls.now if polls else now
 
     async def _sleep(self, wake_at: float | None, now: float | None) -> None:
