@@ -552,3 +552,17 @@ def test_gate_config_takes_a_rate_or_its_string_form(rate: Rate | str, expected:
 def test_gate_config_refuses_another_rate_naming_rate_and_both_forms(rate: object) -> None:
     with pytest.raises(ConfigError, match=r"gate provider:video: rate: .*Rate\(30.*\"30/6s\""):
         GateConfig("provider:video", rate=rate)  # type: ignore[arg-type]
+
+
+def test_a_stamp_opens_a_rate_sooner_only_when_reservations_filled_it() -> None:
+    config = GateConfig("speech", rate=Rate(2, per="10s"), guard=0)
+    full = gating.grant(config, gating.grant(config, GateState(), 0.0), 0.0)  # two reserved
+    assert gating.next_admission(config, full, 5.0) is None  # only a stamp or release helps
+    stamped = gating.start(config, full, 5.0)
+    assert gating.next_admission(config, stamped, 5.0) == 15.0
+    assert gating.opens_sooner(config, full, stamped, 5.0)
+    # One reserved and one stamped: stamping the other keeps the same next admission.
+    both = gating.start(config, stamped, 6.0)
+    assert gating.next_admission(config, both, 6.0) == 15.0
+    assert not gating.opens_sooner(config, stamped, both, 6.0)
+    assert not gating.opens_sooner(None, full, stamped, 5.0)  # undeclared: cannot tell

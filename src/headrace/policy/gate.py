@@ -246,6 +246,19 @@ def next_admission(config: GateConfig, state: GateState, now: float) -> float | 
     return rating.next_admission(counted, state.starts, now, state.penalized_until, state.unstarted)
 
 
+def opens_sooner(
+    config: GateConfig | None, before: GateState, after: GateState, now: float
+) -> bool:
+    """Whether a change of state (a stamp) moved the gate's next admission earlier: a reserved
+    start counts in every window until it is stamped, so a claim it refused was told a later
+    time, or none (only a stamp or a release could help), and waits to be woken."""
+    if config is None:  # a gate this process does not declare: it cannot tell
+        return False
+    was = next_admission(config, before, now)
+    then = next_admission(config, after, now)
+    return then is not None and (was is None or then < was)
+
+
 def statistics(
     config: GateConfig, state: GateState, now: float, declared: str | None = None
 ) -> GateStatistics:

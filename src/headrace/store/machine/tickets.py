@@ -95,21 +95,10 @@ async def stamp_starts(tx: Transaction, task_id: int, gates: Collection[str] | N
         before = tx.gates.get(name)
         after = stamped(tx, name, int(found["unstarted"]))
         tx.gates.put(name, after)
-        tx.wake = tx.wake or opens_sooner(tx, name, before, after)
+        config = gating.find(name, tx.configs)
+        tx.wake = tx.wake or gating.opens_sooner(config, before, after, tx.now)
     await tx.run("mark_started", task_id=task_id, gates=names)
     tx.tickets.pop(task_id, None)  # read again if needed: the rows changed
-
-
-def opens_sooner(tx: Transaction, name: str, before: GateState, after: GateState) -> bool:
-    """Whether a stamp moved the gate's next admission earlier: a reserved start counts in
-    every window until it is stamped, so a claim it refused was told a later time (or none:
-    only a stamp or a release could help), and waits to be woken."""
-    config = gating.find(name, tx.configs)
-    if config is None:
-        return False
-    was = gating.next_admission(config, before, tx.now)
-    now = gating.next_admission(config, after, tx.now)
-    return now is not None and (was is None or now < was)
 
 
 async def penalize(tx: Transaction, names: Sequence[str]) -> None:
