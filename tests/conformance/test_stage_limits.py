@@ -132,6 +132,24 @@ async def test_upstream_claims_wait_while_a_stage_downstream_is_full(store: Stor
     assert await claimed(store, 10, ["validate"]) == ["v2"]
 
 
+async def test_a_feeder_that_ends_with_no_successor_wakes_the_claims_it_held_back(
+    store: Store,
+) -> None:
+    """Its end makes room downstream (it may no longer add to the stage), though it returns no
+    ticket and readies no dependent: the workers an answer of "held back" let stand are woken."""
+    await store.submit([task(f"v{i}", flow=f"s{i}", group=f"e{i}") for i in range(3)])
+    first = (await store.claim("w1", 10, lease_for=LEASE, kinds=["validate"])).leases
+    assert len(first) == 2  # scan's room, 2, all taken by the running feeders
+    assert await claimed(store, 10, ["validate"]) == []
+    await store.wait_for_work(0.05)  # what came before is seen (and PostgreSQL listens)
+    before = store.wakes
+    # No scan task after all: a plain success, written as a worker writes its batches.
+    assert await store.finish_many([(first[0], Succeeded())]) == [None]
+    await store.wait_for_work(10.0)
+    assert store.wakes > before
+    assert await claimed(store, 10, ["validate"]) == ["v2"]
+
+
 async def test_a_claim_does_not_hold_back_stages_that_feed_none(store: Store) -> None:
     await store.submit([task("d", kind="derive"), task("other", kind="work")])
     assert sorted(await claimed(store, 10)) == ["d", "other"]

@@ -363,12 +363,14 @@ async def test_a_stamp_that_makes_room_wakes_waiting_workers(
     store: Store, clock: ManualClock
 ) -> None:
     """Reserved starts as many as the rate's: only a stamp (or a release) makes room, so a
-    refused claim is given no time to come back, and the stamp wakes the workers waiting."""
+    refused claim is given no time of the gate's to come back (only its leases' end), and
+    the stamp wakes the workers waiting."""
     await store.submit([task(f"s{i}", gates=("provider:speech",)) for i in range(3)])
     granted = await claim(store)
     assert len(granted) == 2
     refused = await store.claim("w1", 10, lease_for=LEASE)
-    assert (refused.leases, refused.wake_at) == ((), None)
+    assert refused.leases == ()
+    assert refused.wake_at == pytest.approx(clock.now() + LEASE)  # the grants' leases run out
     await store.wait_for_work(0.05)  # what came before is seen (and PostgreSQL listens)
     before = store.wakes
     waiting = asyncio.create_task(store.wait_for_work(30.0))
@@ -382,6 +384,24 @@ async def test_a_stamp_that_makes_room_wakes_waiting_workers(
     await store.start(granted[0])  # stamped already: nothing changes, nobody is woken
     await store.wait_for_work(0.05)
     assert store.wakes == woken
+
+
+async def test_a_retry_wakes_the_other_workers_to_learn_its_time(
+    store: Store, clock: ManualClock
+) -> None:
+    """A task ready again later is a time no other worker's standing answer names: the retry
+    wakes them, and their next claim names it, though the task returned no ticket."""
+    [submitted] = await store.submit([task("r")])
+    [lease] = await claim(store)
+    assert lease.task.id == submitted.id
+    await store.wait_for_work(0.05)  # what came before is seen (and PostgreSQL listens)
+    before = store.wakes
+    await store.finish(lease, Retry(boom(), delay=5.0))
+    await store.wait_for_work(10.0)
+    assert store.wakes > before
+    later = await store.claim("w2", 10, lease_for=LEASE)
+    assert later.leases == ()
+    assert later.wake_at == pytest.approx(clock.now() + 5.0)
 
 
 async def test_a_start_counts_from_its_call_not_its_grant(store: Store, clock: ManualClock) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import headrace as hr
+from headrace.store.machine.core import SWEEP_EVERY
 from headrace.store.protocol.types import ClaimResult
 from headrace.store.sqlite import SQLiteStore
 
@@ -65,9 +66,10 @@ async def test_checking_a_remote_job_is_no_reason_to_claim_and_a_freed_ticket_is
         running = asyncio.create_task(worker.run())
         await asyncio.sleep(1.0)
         assert list(started) == ["first"]
-        # 100 checks of the first job in 10 s; a claim at most every `idle` meanwhile.
+        # 100 checks of the first job in 10 s, and no claim: nothing written freed work, and
+        # a store in memory sees every write (no look every `idle` for another process's).
         await asyncio.sleep(10.0)
-        assert store.between(1.0, 11.0) <= 10.0 / 0.5 + 1
+        assert store.between(1.0, 11.0) == 0
         done.add("job-first")  # its next check succeeds: the ticket is returned
         finished = now()
         await asyncio.sleep(1.0)
@@ -95,3 +97,22 @@ async def test_a_submission_is_claimed_at_once_while_the_last_answer_would_stand
         worker.stop()
         await running
     assert started["note"] == pytest.approx(submitted, abs=1e-6)
+
+
+async def test_a_lease_that_runs_out_is_taken_when_it_does_with_no_look_meanwhile() -> None:
+    store, done, started = ClaimLog(), set[str](), dict[str, float]()
+    app = renders(store, done, started)
+    async with app:
+        await app.definition("note").submit("lost")
+        # A worker that leased the note for 5 s and was never heard of again.
+        taken = await store.claim("vanished", 1, lease_for=5.0)
+        assert [lease.task.kind for lease in taken.leases] == ["note"]
+        worker = hr.Worker(app, slots=2, idle="0.5s")
+        running = asyncio.create_task(worker.run())
+        await asyncio.sleep(8.0)
+        worker.stop()
+        await running
+    # Reaped and run once its lease ran out (within a sweep's interval), not found by a look
+    # every `idle`: the first claim's answer named the lease's end.
+    assert 5.0 <= started["lost"] <= 5.0 + SWEEP_EVERY + 1e-6
+    assert store.between(0.0 + 1e-9, 5.0) == 0

@@ -15,7 +15,13 @@ from headrace.policy.errors import (
 from headrace.policy.tiers import AGING_CEILING, Tier, aged_tier
 from headrace.store.machine import bounds as stage_bounds
 from headrace.store.machine import outcomes, tickets
-from headrace.store.machine.core import AGING_SLACK, CLAIM_BATCH, Pending, Transaction
+from headrace.store.machine.core import (
+    AGING_SLACK,
+    CLAIM_BATCH,
+    SWEEP_EVERY,
+    Pending,
+    Transaction,
+)
 from headrace.store.machine.dispatch import (
     GateBook,
     KindBudget,
@@ -197,8 +203,9 @@ async def sweep(tx: Transaction, *, fold: bool = False) -> float:
 
 async def read_claim_start(tx: Transaction, sent: Pending) -> float | None:
     """The time `claim_start` fixed for the claim's statements and the counters it read;
-    return the earliest future run_at of a ready task (reaping and leasing cannot change
-    it)."""
+    return when something may come due: the earliest future run_at of a ready task (reaping
+    and leasing cannot change it) or lease to run out (a later claim's sweep makes its task
+    ready again; a lease out already, the next sweep's time at the latest)."""
     found = await sent.fetchone()
     if found is None:
         raise StoreError(f"{tx.driver.name} store: claim_start returned no row")
@@ -207,7 +214,11 @@ async def read_claim_start(tx: Transaction, sent: Pending) -> float | None:
     tx.virtual_time = float(found["virtual_time"])
     if found["sweep_due"]:
         raise SweepDue
-    return None if found["next_at"] is None else float(found["next_at"])
+    next_at = None if found["next_at"] is None else float(found["next_at"])
+    if found["lease_ends"] is None:
+        return next_at
+    lease_ends = float(found["lease_ends"])
+    return earliest(next_at, lease_ends if lease_ends > tx.now else tx.now + SWEEP_EVERY)
 
 
 async def rounds(

@@ -20,6 +20,7 @@ from headrace.policy.errors import (
 )
 from headrace.policy.gate import GateConfig
 from headrace.policy.poison import Expiry
+from headrace.store.machine import bounds as stage_bounds
 from headrace.store.machine import idempotency, submit, tickets
 from headrace.store.machine.core import Transaction
 from headrace.store.machine.rows import (
@@ -178,8 +179,15 @@ async def succeed_plain(tx: Transaction, locked: Held, task: TaskRecord, outcome
     await lock_gates_for(tx, task, ())
     await tickets.release(tx, task.id, delete=False)
     charge(tx, task, outcome)
-    # Listeners hear of it if tickets came back (`release`) or dependents may be ready.
-    tx.wake = tx.wake or locked.dependents
+    # Listeners hear of it if tickets came back (`release`), dependents may be ready or its
+    # stage's room grew.
+    tx.wake = tx.wake or locked.dependents or frees_room(tx, task)
+
+
+def frees_room(tx: Transaction, task: TaskRecord) -> bool:
+    """Whether a task that ends may make room for others: it is of a bounded stage, or of one
+    feeding it (store/machine/bounds.py), whose count the claims' backpressure reads."""
+    return task.kind in stage_bounds.counted_kinds(tx.settings.stages)
 
 
 def charge(tx: Transaction, task: TaskRecord, outcome: Succeeded) -> None:
@@ -247,6 +255,7 @@ async def defer(tx: Transaction, task: TaskRecord, full: QueueFull) -> None:
     await tickets.endattempt_of(tx, task, AttemptOutcome.DEFERRED, error)
     await tickets.release(tx, task.id)
     run_at = tx.now + DEFER_DELAY
+    tx.wake = True  # ready again at `run_at`: a time the other workers' answers do not name
     await tx.run(
         "mark_deferred",
         id=task.id,
@@ -262,6 +271,7 @@ async def retry(tx: Transaction, task: TaskRecord, outcome: Retry) -> None:
     await tickets.endattempt_of(tx, task, AttemptOutcome.RETRY, outcome.error)
     await tickets.release(tx, task.id)
     run_at = tx.now + outcome.delay
+    tx.wake = True  # ready again at `run_at`: a time the other workers' answers do not name
     await tx.run(
         "mark_retry",
         id=task.id,
@@ -277,6 +287,7 @@ async def die(tx: Transaction, task: TaskRecord, outcome: Dead) -> None:
     await tickets.penalize(tx, outcome.penalize)
     await tickets.endattempt_of(tx, task, AttemptOutcome.DEAD, outcome.error)
     await bury(tx, task.id, outcome.error.code)
+    tx.wake = tx.wake or frees_room(tx, task)
 
 
 async def await_remote(tx: Transaction, task: TaskRecord, outcome: AwaitRemote) -> None:
@@ -327,6 +338,7 @@ async def cancel(tx: Transaction, task_id: int) -> bool:
     if (await tx.task(task_id)).state.terminal:
         return False
     await tickets.cancel_tree(tx, task_id, "cancelled")
+    tx.wake = True  # its stage's room, and its tree's, may have grown
     return True
 
 

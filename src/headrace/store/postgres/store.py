@@ -228,6 +228,10 @@ class PostgresStore(TaskVerbs):
     def wakes(self) -> int:
         return self._listener.wakes
 
+    @property
+    def sees_every_write(self) -> bool:
+        return False  # a notice may be lost while the listener connects again
+
     async def wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
         self.sessions.pool()  # open, or say so
         await self._listener.wait(timeout)

@@ -51,6 +51,13 @@ class Store(Protocol):
         claim that left slots free stands while the count is unchanged (runtime/claiming.py)."""
         ...
 
+    @property
+    def sees_every_write(self) -> bool:
+        """Whether `wakes` counts every write that may make work claimable, none lost: an
+        in-memory store, which nothing else writes to. A claim's answer then stands until the
+        time it named, with no look every `idle` for a notice lost or another process's."""
+        ...
+
     # `timeout` is the poll fallback, not a failure: the wait ends quietly when it is spent.
     async def wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
         """Return once new work may be claimable, or after `timeout`: a write by any process,

@@ -40,6 +40,7 @@ class Running(Protocol):
 
     woken: asyncio.Event  # set when a commit may have made work claimable
     wakes: int  # how many times it was set (`Store.wakes`)
+    sees_every_write: bool  # `Store.sees_every_write`
 
     async def start(self, connect: Connect) -> None: ...
 
@@ -58,6 +59,8 @@ class Running(Protocol):
 
 class Inline:
     """An in-memory database: each transaction at once on the event loop's thread."""
+
+    sees_every_write = True  # every write is its own
 
     def __init__(self, name: str) -> None:
         self.woken = asyncio.Event()
@@ -101,6 +104,8 @@ class Inline:
 
 class OnThread:
     """A file shared by the processes of one host: each transaction on the store's thread."""
+
+    sees_every_write = False  # another process's notice may be lost (the data version covers it)
 
     def __init__(
         self,

@@ -157,6 +157,10 @@ class SQLiteStore(TaskVerbs):
     def wakes(self) -> int:
         return self._running.wakes
 
+    @property
+    def sees_every_write(self) -> bool:
+        return self._running.sees_every_write
+
     async def wait_for_work(self, timeout: float) -> None:  # noqa: ASYNC109
         """Return once a commit made work claimable since the last claim, or after `timeout`
         (on a file, a commit of another process too: store/sqlite/running.py)."""

@@ -342,11 +342,12 @@ FROM unnest(%(ids)s::bigint[], %(tiers)s::smallint[]) AS p (id, tier)
 WHERE tasks.id = p.id;
 
 -- name: claim_start
--- A claim's time, kept for its statements as `headrace.now`, counters, next run_at; its settings; asked to, whether a sweep would find a lease run out or a task to age (each an index probe).
+-- A claim's time, kept for its statements as `headrace.now`, counters, next run_at, the earliest lease to run out (or run out, not reaped yet); its settings; asked to, whether a sweep would find a lease run out or a task to age (each an index probe).
 SELECT c.now,
        (SELECT last_value FROM dispatches) AS dispatches,
        (SELECT coalesce(max(last_tag), 0) FROM flows) AS virtual_time,
        (SELECT min(run_at) FROM tasks WHERE state = 'ready' AND run_at > c.now) AS next_at,
+       (SELECT min(lease_until) FROM tasks WHERE state = 'running') AS lease_ends,
        CASE WHEN %(sweep_check)s::boolean THEN
            EXISTS (SELECT 1 FROM tasks WHERE state = 'running' AND lease_until <= c.now)
            OR EXISTS (

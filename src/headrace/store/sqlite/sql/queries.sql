@@ -518,11 +518,12 @@ INSERT OR IGNORE INTO task_deps (dep_id, task_id)
 SELECT d.value, json_extract(:task_ids, '$[' || d.key || ']') FROM json_each(:dep_ids) AS d;
 
 -- name: claim_start
--- A claim's time, the counters and the earliest future run_at of a ready task; no sweep check (SQLite sweeps inside the claim's own transaction, with nothing to save).
+-- A claim's time, the counters, the earliest future run_at of a ready task and the earliest lease to run out (or run out, not reaped yet); no sweep check (SQLite sweeps inside the claim's own transaction, with nothing to save).
 SELECT :clock AS now,
        (SELECT value FROM meta WHERE name = 'dispatches') AS dispatches,
        (SELECT value FROM meta WHERE name = 'virtual_time') AS virtual_time,
        (SELECT min(run_at) FROM tasks WHERE state = 'ready' AND run_at > :clock) AS next_at,
+       (SELECT min(lease_until) FROM tasks WHERE state = 'running') AS lease_ends,
        NULL AS sweep_due;
 
 -- name: claim_batch
