@@ -538,7 +538,20 @@ WITH peek AS MATERIALIZED (
       AND (:memory IS NULL OR memory <= :memory)  -- what the worker's memory left may take
       AND gate_key NOT IN (SELECT value FROM json_each(:refused))
     ORDER BY tier, tag, id
-    LIMIT :batch
+    -- Some stages asked for (a borrowing claim's): the walk in claim order passes every other
+    -- stage's ready task, so it is made only if one of theirs may be taken, looked up by stage
+    -- (tasks_queued_by_kind). Found nowhere: a batch of 0, no walk (700 us -> 30 us past 3,500
+    -- ready tasks of other stages).
+    LIMIT CASE WHEN :kinds IS NULL OR EXISTS (
+        SELECT 1 FROM tasks AS k INDEXED BY tasks_queued_by_kind
+        WHERE k.kind IN (SELECT value FROM json_each(:kinds))
+          AND k.state IN ('pending', 'ready')  -- the index's own condition, for the planner
+          AND k.state = 'ready'
+          AND (k.tier, k.tag, k.id) > (:tier, :tag, :id)
+          AND k.run_at <= :now
+          AND (:memory IS NULL OR k.memory <= :memory)
+          AND k.gate_key NOT IN (SELECT value FROM json_each(:refused))
+    ) THEN :batch ELSE 0 END
 ), wanted AS (
     SELECT DISTINCT g.value AS name FROM peek, json_each(peek.gates) AS g
     WHERE g.value NOT IN (SELECT value FROM json_each(:held))
