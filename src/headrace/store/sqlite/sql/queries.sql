@@ -76,18 +76,12 @@ WHERE kind = :kind AND state IN ('pending', 'ready') AND flow = :flow;
 SELECT count(*) AS n FROM tasks WHERE grp = :grp AND state IN ('pending', 'ready') AND kind = :kind;
 
 -- name: stage_counts
--- Of the kinds given (a JSON array): tasks waiting to run, and running or waiting on a remote job (each part through its states' index: none covers them all).
-SELECT kind, sum(queued) AS queued, sum(active) AS active
-FROM (
-    SELECT kind, 1 AS queued, 0 AS active FROM tasks
-    WHERE kind IN (SELECT value FROM json_each(:kinds)) AND state IN ('pending', 'ready')
-    UNION ALL
-    SELECT kind, 0, 1 FROM tasks
-    WHERE kind IN (SELECT value FROM json_each(:kinds)) AND state = 'running'
-    UNION ALL
-    SELECT kind, 0, 1 FROM tasks
-    WHERE kind IN (SELECT value FROM json_each(:kinds)) AND state = 'waiting'
-)
+-- Of the kinds given (a JSON array): tasks waiting to run, and running or waiting on a remote job: their tallies, which the triggers keep in the transaction that moves a task (counting the tasks took 275 us a claim with 3,000 waiting).
+SELECT kind,
+       sum(CASE WHEN state IN ('pending', 'ready') THEN n ELSE 0 END) AS queued,
+       sum(CASE WHEN state IN ('running', 'waiting') THEN n ELSE 0 END) AS active
+FROM kind_tally
+WHERE kind IN (SELECT value FROM json_each(:kinds))
 GROUP BY kind;
 
 -- name: mark_deferred
