@@ -31,9 +31,9 @@ from headrace.store.protocol.types import ClaimResult, KindLimit, MemoryRoom
 class Standing:
     """The answer of a claim that left slots free, while it stands: until `until` (the event
     loop's clock: the store's `wake_at`, and no later than the worker's `idle` unless the
-    store sees every write), while the
-    store has seen no wake-up since the claim began (`wakes`), for the same `kinds` asked,
-    with the same tasks running and none waiting to start."""
+    store sees every write), while the store has seen no wake-up since the claim began
+    (`wakes`), for the same `kinds` asked, with the same tasks running and none waiting to
+    start."""
 
     until: float
     wakes: int

@@ -10,6 +10,7 @@ claim limits, so upstream work stays ready (accepted, queued) instead of floodin
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -69,9 +70,11 @@ def needs(
     return found
 
 
-def counted_kinds(stages: Iterable[StageLimits]) -> list[str]:
+@functools.cache
+def counted_kinds(stages: tuple[StageLimits, ...]) -> tuple[str, ...]:
     """The kinds whose counts `backpressure` reads: bounded stages that something feeds, and
-    the stages feeding them. Empty when no stage feeds a bounded one."""
+    the stages feeding them. Empty when no stage feeds a bounded one. Worked out once per set
+    of stages: every claim and every outcome asks."""
     bounded = {stage.kind for stage in stages if stage.bound is not None}
     kinds: set[str] = set()
     for stage in stages:
@@ -79,7 +82,7 @@ def counted_kinds(stages: Iterable[StageLimits]) -> list[str]:
         if fed:
             kinds.add(stage.kind)
             kinds.update(fed)
-    return sorted(kinds)
+    return tuple(sorted(kinds))
 
 
 def backpressure(

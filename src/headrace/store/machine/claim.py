@@ -177,7 +177,7 @@ async def backpressure(tx: Transaction) -> dict[str, KindLimit]:
     now, less what their running tasks may still add (store/machine/bounds.py). Read before the
     claim's batches, with no lock: two claims that read the same room may together start
     more than it, and the successors that then do not fit defer their task (`defer`)."""
-    counted = stage_bounds.counted_kinds(tx.settings.stages)
+    counted = list(stage_bounds.counted_kinds(tx.settings.stages))
     if not counted:
         return {}
     queued: dict[str, int] = {}
