@@ -97,11 +97,14 @@ def migrate(connection: sqlite3.Connection, queries: Queries) -> int:
 def in_transaction(
     connection: sqlite3.Connection,
     queries: Queries,
-    begin: str,
+    begin: str | None,
     work: Callable[[sqlite3.Connection], T],
 ) -> T:
-    """Run `work` in one transaction: commit, or roll back and re-raise. SQLite errors come out
-    as StoreError."""
+    """Run `work` in one transaction (`begin`, the statement that opens it): commit, or roll
+    back and re-raise; None: with none, each statement on its own (a reader nothing else can
+    write beside). SQLite errors come out as StoreError."""
+    if begin is None:
+        return translated(lambda: work(connection))
 
     def attempt() -> T:
         connection.execute(queries[begin].text)

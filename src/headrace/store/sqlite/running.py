@@ -41,6 +41,9 @@ class Running(Protocol):
     woken: asyncio.Event  # set when a commit may have made work claimable
     wakes: int  # how many times it was set (`Store.wakes`)
     sees_every_write: bool  # `Store.sees_every_write`
+    # A reading verb needs no transaction of its own: no other writer can come between its
+    # statements (each transaction runs to its end before anything else does).
+    reads_alone: bool
 
     async def start(self, connect: Connect) -> None: ...
 
@@ -61,6 +64,7 @@ class Inline:
     """An in-memory database: each transaction at once on the event loop's thread."""
 
     sees_every_write = True  # every write is its own
+    reads_alone = True  # each transaction runs to its end on the loop's thread, one at a time
 
     def __init__(self, name: str) -> None:
         self.woken = asyncio.Event()
@@ -106,6 +110,7 @@ class OnThread:
     """A file shared by the processes of one host: each transaction on the store's thread."""
 
     sees_every_write = False  # another process's notice may be lost (the data version covers it)
+    reads_alone = False  # other processes write to the file between a reader's statements
 
     def __init__(
         self,
