@@ -17,6 +17,7 @@ stored before digests were kept) is not compared.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -55,6 +56,13 @@ class KnownKey:
 
 def payload_digest(task: NewTask, after: Iterable[int]) -> str:
     """The digest stored with a keyed task; `after` is its dependencies as task ids."""
+    return _digest(task, tuple(after))
+
+
+@functools.lru_cache(maxsize=1024)
+def _digest(task: NewTask, after: tuple[int, ...]) -> str:
+    """`payload_digest`, worked out once: a batch's keys are checked (`plan`), then the same
+    digests stored with the new tasks (`stored_digest`), in one transaction."""
     values = _payload(task, after)
     hashes = (_hash(json.dumps(values[name], sort_keys=True)) for name in FIELDS)
     return f"{VERSION}:" + ".".join(hashes)
