@@ -56,6 +56,10 @@ class SweepDue(Exception):
 # Candidates a claim's first batch reads past its limit and an eighth more (`first_batch`).
 FIRST_BATCH_MARGIN = 8
 
+# An id past every task's: a batch that starts after (tier, tag, PAST_ROUND) starts after the
+# whole round of that (tier, tag).
+PAST_ROUND = 2**63 - 1
+
 # `lease_tasks`' rows as read: column names, then each row's values by position.
 LeasedRows = tuple[Sequence[str], Sequence[Sequence[Any]]]
 
@@ -155,7 +159,7 @@ async def claim(
     excluded: set[str] = set()
     book: GateBook | None = None
     async with contextlib.aclosing(
-        rounds(tx, run, kinds, excluded, limit + ahead, chosen)
+        rounds(tx, run, kinds, excluded, (limit, ahead), chosen)
     ) as batches:
         async for candidates in batches:
             if start is not None:
@@ -226,29 +230,34 @@ async def rounds(
     run: Taking,
     kinds: list[str] | None,
     excluded: set[str],
-    limit: int,
+    wanted: tuple[int, int],
     chosen: Sequence[Candidate],
 ) -> AsyncGenerator[list[Candidate], None]:
-    """Ready tasks due now in (tier, tag, id) order, a batch at a time (the first just big
-    enough for `limit`, then growing): in one statement, each batch's gates are locked
-    first, then its tasks whose gates this claim holds. Handed out whole rounds at a time:
-    a run of equal (tier, tag) is never split, so `take_turns` sees each round entire. Gate
-    keys in `excluded` (refused so far) are left out of later batches.
+    """Ready tasks due now, a batch at a time (the first just big enough for the claim, then
+    growing), in (tier, tag) order and in turns within a round of equal (tier, tag): the lane
+    served least recently first (`fairness.take_turns`, ordered by the statement, the turns
+    this claim took given). In one statement, each batch's gates are locked first, then its
+    tasks whose gates this claim holds. Gate keys in `excluded` (refused so far) are left out
+    of later batches.
 
-    A batch's range grows, but the tasks it locks are only as many as the claim still
-    needs past `chosen` (`first_batch`): with several workers, a later batch is mostly
-    rows other claims hold, and every row a claim locks and does not lease is skipped by
-    the others until it commits. When a batch locks that many, the next one starts after
-    the last of them, not at the end of the range. Inside a round not read whole, a batch
-    locks as many again as the round has so far (the claim holds the whole round anyway)."""
+    A batch's range runs to the end of the last round it reaches, but the tasks it locks are
+    only as many as the claim still needs past `chosen` (`first_batch`), the best turns
+    first: with several workers, a later batch is mostly rows other claims hold, and every
+    row a claim locks and does not lease is skipped by the others until it commits. When a
+    batch locks that many, the next one reads that round again from its start, past the
+    tasks read already (a round of 100 read in turns is not read whole to take one task).
+
+    Once the claim has its limit (`wanted`: a limit, and how many more may wait in the
+    worker), a batch reads only tasks that may wait for a slot (`dispatch.may_wait`): the
+    others would be read past, batch after batch, to the end of the queue."""
+    own, ahead = wanted
+    limit = own + ahead
     after: tuple[int, float, int] = (-1, 0.0, 0)
+    skip: list[int] = []  # the tasks read already of the round `after` starts
     size = first_batch(limit)
-    held: list[Candidate] = []
     while True:
         open_kinds = run.budget.open_kinds(kinds)
         if open_kinds == []:  # every kind asked for is in a full group
-            if held:
-                yield held
             return
         batch = {
             "tier": after[0],
@@ -256,26 +265,25 @@ async def rounds(
             "id": after[2],
             "kinds": open_kinds,
             "memory": run.memory.most(),
+            "waiting": len(chosen) >= own,
+            "skip": skip,
         }
-        # Inside a round not read whole yet, as many again as it has so far: a round of 100
-        # equal tags is read in 5 batches, not 13 of 8 (each batch is one statement).
-        take = min(size, max(first_batch(max(0, limit - len(chosen) - len(held))), len(held)))
+        take = min(size, first_batch(max(0, limit - len(chosen))))
         peeked, last, tasks = await claim_batch(tx, run, batch, sorted(excluded), size, take)
-        if len(tasks) >= take:  # the rest of the range may hold tasks not taken yet
-            after = (tasks[-1].tier, tasks[-1].tag, tasks[-1].id)
+        if tasks:
+            yield tasks
+        if len(tasks) >= take:  # its last round may have more tasks, in later turns
+            cut = (tasks[-1].tier, tasks[-1].tag)
+            if (after[0], after[1]) != cut:
+                skip = []
+            skip = [*skip, *(task.id for task in tasks if (task.tier, task.tag) == cut)]
+            after = (cut[0], cut[1], 0)
         elif peeked < size:
-            if held or tasks:
-                yield held + tasks
             return
         else:
             assert last is not None
-            after = last
+            after, skip = (last[0], last[1], PAST_ROUND), []
         size = min(CLAIM_BATCH, size * 4)
-        if not (held or tasks):  # every task of the batch held by others, or refused
-            continue
-        whole, held = _split_last_round([*held, *tasks])
-        if whole:
-            yield whole
 
 
 async def claim_batch(
@@ -285,12 +293,13 @@ async def claim_batch(
     refused: list[str],
     size: int,
     take: int,
-) -> tuple[int, tuple[int, float, int] | None, list[Candidate]]:
-    """The next batch of up to `size` candidates: its gates locked (the first time, the
-    clock read once they are held), then the first `take` of its tasks whose gates are
-    all held. Returns how many tasks the batch had, the last one's (tier, tag, id) and
-    the tasks taken. A gate used for the first time has no row to lock yet: it is made,
-    and the batch read again."""
+) -> tuple[int, tuple[int, float] | None, list[Candidate]]:
+    """The next batch of up to `size` candidates and the rest of its last round: its gates
+    locked (the first time, the clock read once they are held), then the first `take` of
+    its tasks in turn order whose gates are all held. Returns how many tasks the range had
+    before its last round's rest, that round's (tier, tag) and the tasks taken. A gate used
+    for the first time has no row to lock yet: it is made, and the batch read again."""
+    served = sorted(run.served_now)
     for _ in range(2):
         # Until the claim holds (or met busy) a gate of its own, the clock is read again
         # once the batch's gates are held: it may have waited for them. Gates that outcomes
@@ -304,6 +313,8 @@ async def claim_batch(
             take=take,
             held=sorted(tx.gates.states),
             top=max(tx.gates.states, default=""),
+            served_names=served,
+            served_at=[run.served[name] for name in served],
         )
         columns, rows = await sent.table()
         edge = dict(zip(columns, rows[0], strict=True))
@@ -323,10 +334,9 @@ async def claim_batch(
             run.served.setdefault(row[flow], int(row[flow_served]))
             run.served.setdefault(row[lane], int(row[lane_served]))
     tasks = candidates_of(columns, rows)
-    if edge["last_id"] is None:
+    if edge["last_tier"] is None:
         return 0, None, tasks
-    last = (int(edge["last_tier"]), float(edge["last_tag"]), int(edge["last_id"]))
-    return int(edge["peeked"]), last, tasks
+    return int(edge["peeked"]), (int(edge["last_tier"]), float(edge["last_tag"])), tasks
 
 
 def admit(
@@ -472,15 +482,3 @@ def first_batch(limit: int) -> int:
     whether it takes it or not: every other claim skips it meanwhile. (Twice the limit and 8
     locked 247 rows for 144 leased in a sampled plan.)"""
     return min(CLAIM_BATCH, limit + limit // 8 + FIRST_BATCH_MARGIN)
-
-
-def _split_last_round(
-    candidates: list[Candidate],
-) -> tuple[list[Candidate], list[Candidate]]:
-    """`candidates` cut before the run of equal (tier, tag) that ends it (which may go on in
-    the next batch)."""
-    last = (candidates[-1].tier, candidates[-1].tag)
-    cut = len(candidates)
-    while cut and (candidates[cut - 1].tier, candidates[cut - 1].tag) == last:
-        cut -= 1
-    return candidates[:cut], candidates[cut:]

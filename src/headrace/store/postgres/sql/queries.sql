@@ -376,19 +376,45 @@ FROM (
 ) AS c;
 
 -- name: claim_batch
--- One claim batch: its range read unlocked, its gates locked in name order (waiting), then as many of its tasks as the claim still needs (`take`) whose gates it holds, locked; the clock once its gates are held.
-WITH peek AS MATERIALIZED (  -- the batch's tasks, not locked: only their range and gates
-    SELECT t.tier, t.tag, t.id, t.gates FROM tasks AS t
+-- One claim batch: its range read unlocked (its first `batch` tasks in claim order and the rest of the last round they reach: a round is never cut), its gates locked in name order (waiting), then as many of its tasks as the claim still needs (`take`) whose gates it holds, locked, in turn order (`fairness.take_turns`: in a round, the lane served least recently first, with the claim's own turns given as `served`); the clock once its gates are held.
+WITH peek AS MATERIALIZED (  -- the batch's range in claim order, not locked
+    SELECT t.id, t.tier, t.tag, t.flow, coalesce(t.lane, t.flow) AS lane, t.gates
+    FROM tasks AS t
     WHERE t.state = 'ready'
       AND (t.tier, t.tag, t.id) > (%(tier)s::smallint, %(tag)s::double precision, %(id)s::bigint)
       AND t.run_at <= current_setting('headrace.now')::double precision  -- set by claim_start
       AND (%(kinds)s::text[] IS NULL OR t.kind = ANY(%(kinds)s::text[]))
       AND (%(memory)s::bigint IS NULL OR t.memory <= %(memory)s::bigint)  -- the worker's room
       AND t.gate_key <> ALL(%(refused)s::text[])
+      -- the claim has its limit: only tasks that may wait in the worker (no gate, no memory)
+      AND (NOT %(waiting)s::boolean OR (t.gate_key = '' AND t.memory = 0 AND NOT t.solo))
+      AND t.id <> ALL(%(skip)s::bigint[])  -- a round's tasks read already
     ORDER BY t.tier, t.tag, t.id
     LIMIT %(batch)s::integer
+), last AS (
+    SELECT tier, tag, id FROM peek ORDER BY tier DESC, tag DESC, id DESC LIMIT 1
+), rest AS MATERIALIZED (  -- the rest of the range's last round, not locked
+    SELECT t.id, t.tier, t.tag, t.flow, coalesce(t.lane, t.flow) AS lane, t.gates
+    FROM tasks AS t
+    WHERE t.state = 'ready'
+      -- one round, past the range: equal (tier, tag) and an id range bound the index walk
+      -- (a row comparison as its end does not: it read the whole tier past the round)
+      AND t.tier = (SELECT tier FROM last) AND t.tag = (SELECT tag FROM last)
+      AND t.id > (SELECT id FROM last)
+      AND t.run_at <= current_setting('headrace.now')::double precision
+      AND (%(kinds)s::text[] IS NULL OR t.kind = ANY(%(kinds)s::text[]))
+      AND (%(memory)s::bigint IS NULL OR t.memory <= %(memory)s::bigint)
+      AND t.gate_key <> ALL(%(refused)s::text[])
+      AND (NOT %(waiting)s::boolean OR (t.gate_key = '' AND t.memory = 0 AND NOT t.solo))
+      AND t.id <> ALL(%(skip)s::bigint[])
+    -- in claim order: the claim-order index walks the round (the claim has sorts off), where
+    -- any other order would let the planner scan the whole tier
+    ORDER BY t.tier, t.tag, t.id
+), span AS (  -- the range to the end of its last round
+    SELECT * FROM peek UNION ALL SELECT * FROM rest
 ), wanted AS (
-    SELECT DISTINCT g.name FROM peek, unnest(peek.gates) AS g (name)
+    SELECT DISTINCT g.name
+    FROM (SELECT DISTINCT gates FROM span) AS s, unnest(s.gates) AS g (name)  -- most alike
     WHERE g.name <> ALL(%(held)s::text[])
 ), waited AS MATERIALIZED (  -- waited for only after every gate held (`top`): no deadlock
     SELECT * FROM gates
@@ -402,39 +428,40 @@ WITH peek AS MATERIALIZED (  -- the batch's tasks, not locked: only their range 
     FOR UPDATE SKIP LOCKED
 ), locked AS (
     SELECT * FROM waited UNION ALL SELECT * FROM tried
-), edge AS (  -- how many tasks the batch holds, its last (tier, tag, id), the gates it got
+), edge AS (  -- how many tasks the range holds, its last round, the gates it got
     SELECT (SELECT count(*) FROM peek) AS peeked, last.tier AS last_tier,
-           last.tag AS last_tag, last.id AS last_id,
+           last.tag AS last_tag,
            (SELECT coalesce(jsonb_agg(to_jsonb(l)), '[]') FROM locked AS l) AS gate_rows,
            ARRAY(SELECT name FROM wanted) AS wanted,
            ARRAY(SELECT name FROM locked) || %(held)s::text[] AS allowed
     FROM (SELECT 1) AS one
-    LEFT JOIN LATERAL (
-        SELECT tier, tag, id FROM peek ORDER BY tier DESC, tag DESC, id DESC LIMIT 1
-    ) AS last ON true
-), chosen AS MATERIALIZED (  -- a task whose gates another claim holds is left to it
+    LEFT JOIN last ON true
+), served AS (  -- the turns this claim has taken so far, by flow or lane
+    SELECT * FROM unnest(%(served_names)s::text[], %(served_at)s::bigint[]) AS s (flow, served)
+), turned AS MATERIALIZED (  -- the range's tasks whose gates the claim holds, with their turns
+    SELECT p.id, p.tier, p.tag, f.served AS flow_served,
+           coalesce(l.served, f.served) AS lane_served,
+           coalesce(ol.served, l.served, f.served) AS lane_turn,
+           coalesce(o.served, f.served) AS flow_turn
+    FROM span AS p
+    LEFT JOIN flows AS f ON f.flow = p.flow
+    LEFT JOIN flows AS l ON l.flow = p.lane
+    LEFT JOIN served AS o ON o.flow = p.flow
+    LEFT JOIN served AS ol ON ol.flow = p.lane
+    WHERE p.gates <@ (SELECT allowed FROM edge)
+), chosen AS MATERIALIZED (  -- in turn order; a task another claim holds is left to it
     SELECT t.id, t.kind, t.tier, t.tag, t.flow, coalesce(t.lane, t.flow) AS lane, t.gates,
-           t.solo, t.memory
-    FROM tasks AS t
-    WHERE t.state = 'ready'
-      AND (t.tier, t.tag, t.id) > (%(tier)s::smallint, %(tag)s::double precision, %(id)s::bigint)
-      -- the batch's end, as values (each subquery runs once): the claim-order index bounds it
-      AND (t.tier, t.tag, t.id) <= (
-          (SELECT last_tier FROM edge), (SELECT last_tag FROM edge), (SELECT last_id FROM edge)
-      )
+           t.solo, t.memory, r.flow_served, r.lane_served, r.lane_turn, r.flow_turn
+    FROM turned AS r JOIN tasks AS t ON t.id = r.id
+    -- as it was read, once locked (a claim may have leased it, a sweep moved it meanwhile)
+    WHERE t.state = 'ready' AND t.tier = r.tier AND t.tag = r.tag
       AND t.run_at <= current_setting('headrace.now')::double precision
-      AND (%(kinds)s::text[] IS NULL OR t.kind = ANY(%(kinds)s::text[]))
-      AND (%(memory)s::bigint IS NULL OR t.memory <= %(memory)s::bigint)  -- the worker's room
-      AND t.gate_key <> ALL(%(refused)s::text[])
       AND t.gates <@ (SELECT allowed FROM edge)
-    ORDER BY t.tier, t.tag, t.id
-    LIMIT %(take)s::integer  -- what the claim still needs: walks the claim-order index
+    ORDER BY r.tier, r.tag, r.lane_turn, r.flow_turn, r.id
+    LIMIT %(take)s::integer  -- what the claim still needs
     FOR UPDATE OF t SKIP LOCKED
-), turns AS MATERIALIZED (  -- each flow and lane read once: every claim updates these rows
-    SELECT flow, served FROM flows
-    WHERE flow IN (SELECT flow FROM chosen UNION SELECT lane FROM chosen)
 )
-SELECT e.peeked, e.last_tier, e.last_tag, e.last_id,
+SELECT e.peeked, e.last_tier, e.last_tag,
        -- the batch's gates on its first row only: decoded once, not once per task
        CASE WHEN row_number() OVER w = 1 THEN e.gate_rows END AS gate_rows,
        CASE WHEN row_number() OVER w = 1 THEN e.wanted END AS wanted,
@@ -445,12 +472,10 @@ SELECT e.peeked, e.last_tier, e.last_tag, e.last_id,
        END AS now,
        -- what a claim weighs a task by: its leased row comes back with its lease
        c.id, c.kind, c.tier, c.tag, c.flow, c.lane, c.gates, c.solo, c.memory,
-       f.served AS flow_served, coalesce(l.served, f.served) AS lane_served
+       c.flow_served, c.lane_served
 FROM edge AS e LEFT JOIN chosen AS c ON true
-LEFT JOIN turns AS f ON f.flow = c.flow
-LEFT JOIN turns AS l ON l.flow = c.lane
-WINDOW w AS (ORDER BY c.tier, c.tag, c.id)
-ORDER BY c.tier, c.tag, c.id;
+WINDOW w AS (ORDER BY c.tier, c.tag, c.lane_turn, c.flow_turn, c.id)
+ORDER BY c.tier, c.tag, c.lane_turn, c.flow_turn, c.id;
 
 -- name: lease_tasks
 -- Lease ready tasks (locked by the claim's batches) under new fencing tokens, with attempts and tickets; then serve their flows: locked in name order once the tasks are leased, a dispatch number for each task drawn from the sequence once they are locked (no row locked for it), each flow's turn numbered up to `base` taking its own, its last tag moved.

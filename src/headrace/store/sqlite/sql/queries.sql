@@ -521,8 +521,8 @@ SELECT :clock AS now,
        NULL AS sweep_due;
 
 -- name: claim_batch
--- One claim batch: due ready tasks after a (tier, tag, id) key with their flows' and lanes' turns, the batch's size and end, and its gates' states (and `now`, as PostgreSQL's batch reads its clock); the first `take` of them.
-WITH peek AS MATERIALIZED (
+-- One claim batch: due ready tasks after a (tier, tag, id) key, its first `batch` in claim order and the rest of the last round they reach (a round is never cut), with their flows' and lanes' turns, the batch's size and end, and its gates' states (and `now`, as PostgreSQL's batch reads its clock); the first `take` of them in turn order (`fairness.take_turns`: in a round, the lane served least recently first, with the claim's own turns given as `served`).
+WITH peek AS MATERIALIZED (  -- the batch's range in claim order
     SELECT id, kind, tier, tag, flow, coalesce(lane, flow) AS lane, gates, solo, memory
     FROM tasks
     WHERE state = 'ready'
@@ -531,6 +531,9 @@ WITH peek AS MATERIALIZED (
       AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
       AND (:memory IS NULL OR memory <= :memory)  -- what the worker's memory left may take
       AND gate_key NOT IN (SELECT value FROM json_each(:refused))
+      -- the claim has its limit: only tasks that may wait in the worker (no gate, no memory)
+      AND (NOT :waiting OR (gate_key = '' AND memory = 0 AND solo = 0))
+      AND id NOT IN (SELECT value FROM json_each(:skip))  -- a round's tasks read already
     ORDER BY tier, tag, id
     -- Some stages asked for (a borrowing claim's): the walk in claim order passes every other
     -- stage's ready task, so it is made only if one of theirs may be taken, looked up by stage
@@ -545,17 +548,48 @@ WITH peek AS MATERIALIZED (
           AND k.run_at <= :now
           AND (:memory IS NULL OR k.memory <= :memory)
           AND k.gate_key NOT IN (SELECT value FROM json_each(:refused))
+          AND (NOT :waiting OR (k.gate_key = '' AND k.memory = 0 AND k.solo = 0))
     ) THEN :batch ELSE 0 END
-), wanted AS (
-    SELECT DISTINCT g.value AS name FROM peek, json_each(peek.gates) AS g
-    WHERE g.value NOT IN (SELECT value FROM json_each(:held))
 ), last AS (
     SELECT tier, tag, id FROM peek ORDER BY tier DESC, tag DESC, id DESC LIMIT 1
+), rest AS MATERIALIZED (  -- the rest of the range's last round
+    SELECT t.id, t.kind, t.tier, t.tag, t.flow, coalesce(t.lane, t.flow) AS lane, t.gates,
+           t.solo, t.memory
+    FROM tasks AS t INDEXED BY tasks_claim_order
+    WHERE t.state = 'ready'
+      -- one round, past the range: equal (tier, tag) and an id range bound the index walk
+      AND t.tier = (SELECT tier FROM last) AND t.tag = (SELECT tag FROM last)
+      AND t.id > (SELECT id FROM last)
+      AND t.run_at <= :now
+      AND (:kinds IS NULL OR t.kind IN (SELECT value FROM json_each(:kinds)))
+      AND (:memory IS NULL OR t.memory <= :memory)
+      AND t.gate_key NOT IN (SELECT value FROM json_each(:refused))
+      AND (NOT :waiting OR (t.gate_key = '' AND t.memory = 0 AND t.solo = 0))
+      AND t.id NOT IN (SELECT value FROM json_each(:skip))
+), span AS (  -- the range to the end of its last round
+    SELECT * FROM peek UNION ALL SELECT * FROM rest
+), served AS MATERIALIZED (  -- the turns this claim has taken so far, by flow or lane
+    SELECT n.value AS flow, json_extract(:served_at, '$[' || n.key || ']') AS served
+    FROM json_each(:served_names) AS n
+), turned AS (
+    SELECT p.*, f.served AS flow_served, coalesce(l.served, f.served) AS lane_served,
+           coalesce(ol.served, l.served, f.served) AS lane_turn,
+           coalesce(o.served, f.served) AS flow_turn
+    FROM span AS p
+    LEFT JOIN flows AS f ON f.flow = p.flow
+    LEFT JOIN flows AS l ON p.lane <> p.flow AND l.flow = p.lane
+    LEFT JOIN served AS o ON o.flow = p.flow
+    LEFT JOIN served AS ol ON ol.flow = p.lane
+), taken AS MATERIALIZED (  -- what the claim still needs, as the PostgreSQL batch locks no more
+    SELECT * FROM turned ORDER BY tier, tag, lane_turn, flow_turn, id LIMIT :take
+), wanted AS (
+    SELECT DISTINCT g.value AS name
+    FROM (SELECT DISTINCT gates FROM span) AS s, json_each(s.gates) AS g  -- a round's are alike
+    WHERE g.value NOT IN (SELECT value FROM json_each(:held))
 )
 SELECT (SELECT count(*) FROM peek) AS peeked,
        (SELECT tier FROM last) AS last_tier,
        (SELECT tag FROM last) AS last_tag,
-       (SELECT id FROM last) AS last_id,
        -- the batch's gates on its first row only: built and decoded once, not once per task
        CASE WHEN row_number() OVER w = 1 THEN (
            SELECT json_group_array(json_object(
@@ -574,14 +608,11 @@ SELECT (SELECT count(*) FROM peek) AS peeked,
        NULL AS now,  -- the store's clock is the host's: given, not read here
        -- what a claim weighs a task by: its leased row comes back with its lease
        p.id, p.kind, p.tier, p.tag, p.flow, p.lane, p.gates, p.solo, p.memory,
-       f.served AS flow_served, coalesce(l.served, f.served) AS lane_served
+       p.flow_served, p.lane_served
 FROM (SELECT 1) AS one
-LEFT JOIN peek AS p ON true
-LEFT JOIN flows AS f ON f.flow = p.flow
-LEFT JOIN flows AS l ON p.lane <> p.flow AND l.flow = p.lane
-WINDOW w AS (ORDER BY p.tier, p.tag, p.id)
-ORDER BY p.tier, p.tag, p.id
-LIMIT :take;  -- what the claim still needs, as the PostgreSQL batch locks no more
+LEFT JOIN taken AS p ON true
+WINDOW w AS (ORDER BY p.tier, p.tag, p.lane_turn, p.flow_turn, p.id)
+ORDER BY p.tier, p.tag, p.lane_turn, p.flow_turn, p.id;
 
 -- name: lease_tasks
 -- Lease ready tasks under new fencing tokens, with attempts and tickets, and serve their flows: a dispatch counted for each task, each flow's turn numbered up to `base` taking its own.
