@@ -453,8 +453,10 @@ WITH peek AS MATERIALIZED (  -- the batch's range in claim order, not locked
     SELECT t.id, t.kind, t.tier, t.tag, t.flow, coalesce(t.lane, t.flow) AS lane, t.gates,
            t.solo, t.memory, r.flow_served, r.lane_served, r.lane_turn, r.flow_turn
     FROM turned AS r JOIN tasks AS t ON t.id = r.id
-    -- as it was read, once locked (a claim may have leased it, a sweep moved it meanwhile)
-    WHERE t.state = 'ready' AND t.tier = r.tier AND t.tag = r.tag
+    -- looked up by id (the range is walked already; a join let the planner walk it again)
+    WHERE t.id = ANY(ARRAY(SELECT id FROM turned))
+      -- as it was read, once locked (a claim may have leased it, a sweep moved it meanwhile)
+      AND t.state = 'ready' AND t.tier = r.tier AND t.tag = r.tag
       AND t.run_at <= current_setting('headrace.now')::double precision
       AND t.gates <@ (SELECT allowed FROM edge)
     ORDER BY r.tier, r.tag, r.lane_turn, r.flow_turn, r.id
