@@ -378,7 +378,7 @@ FROM (
 -- name: claim_batch
 -- One claim batch: its range read unlocked (its first `batch` tasks in claim order and the rest of the last round they reach: a round is never cut), its gates locked in name order (waiting), then as many of its tasks as the claim still needs (`take`) whose gates it holds, locked, in turn order (`fairness.take_turns`: in a round, the lane served least recently first, with the claim's own turns given as `served`); the clock once its gates are held.
 WITH peek AS MATERIALIZED (  -- the batch's range in claim order, not locked
-    SELECT t.id, t.tier, t.tag, t.flow, coalesce(t.lane, t.flow) AS lane, t.gates
+    SELECT t.id, t.ctid, t.tier, t.tag, t.flow, coalesce(t.lane, t.flow) AS lane, t.gates
     FROM tasks AS t
     WHERE t.state = 'ready'
       AND (t.tier, t.tag, t.id) > (%(tier)s::smallint, %(tag)s::double precision, %(id)s::bigint)
@@ -394,7 +394,7 @@ WITH peek AS MATERIALIZED (  -- the batch's range in claim order, not locked
 ), last AS (
     SELECT tier, tag, id FROM peek ORDER BY tier DESC, tag DESC, id DESC LIMIT 1
 ), rest AS MATERIALIZED (  -- the rest of the range's last round, not locked
-    SELECT t.id, t.tier, t.tag, t.flow, coalesce(t.lane, t.flow) AS lane, t.gates
+    SELECT t.id, t.ctid, t.tier, t.tag, t.flow, coalesce(t.lane, t.flow) AS lane, t.gates
     FROM tasks AS t
     WHERE t.state = 'ready'
       -- one round, past the range: equal (tier, tag) and an id range bound the index walk
@@ -438,30 +438,39 @@ WITH peek AS MATERIALIZED (  -- the batch's range in claim order, not locked
     LEFT JOIN last ON true
 ), served AS (  -- the turns this claim has taken so far, by flow or lane
     SELECT * FROM unnest(%(served_names)s::text[], %(served_at)s::bigint[]) AS s (flow, served)
-), turned AS MATERIALIZED (  -- the range's tasks whose gates the claim holds, with their turns
-    SELECT p.id, p.tier, p.tag, f.served AS flow_served,
+), names AS (  -- the range's flows and lanes, each once
+    SELECT flow AS name FROM span UNION SELECT lane FROM span
+), turns AS MATERIALIZED (  -- when each was last served, and its turn in this claim
+    SELECT n.name, f.served, coalesce(o.served, f.served) AS turn
+    FROM names AS n
+    LEFT JOIN flows AS f ON f.flow = n.name
+    LEFT JOIN served AS o ON o.flow = n.name
+), turned AS (  -- the range's tasks whose gates the claim holds, in turn order
+    SELECT p.id, p.ctid, p.tier, p.tag, f.served AS flow_served,
            coalesce(l.served, f.served) AS lane_served,
-           coalesce(ol.served, l.served, f.served) AS lane_turn,
-           coalesce(o.served, f.served) AS flow_turn
+           coalesce(l.turn, f.served) AS lane_turn, f.turn AS flow_turn
     FROM span AS p
-    LEFT JOIN flows AS f ON f.flow = p.flow
-    LEFT JOIN flows AS l ON l.flow = p.lane
-    LEFT JOIN served AS o ON o.flow = p.flow
-    LEFT JOIN served AS ol ON ol.flow = p.lane
+    JOIN turns AS f ON f.name = p.flow
+    JOIN turns AS l ON l.name = p.lane
     WHERE p.gates <@ (SELECT allowed FROM edge)
-), chosen AS MATERIALIZED (  -- in turn order; a task another claim holds is left to it
+    ORDER BY p.tier, p.tag, lane_turn, flow_turn, p.id
+), chosen AS MATERIALIZED (  -- locked in turn order until the claim has what it needs
     SELECT t.id, t.kind, t.tier, t.tag, t.flow, coalesce(t.lane, t.flow) AS lane, t.gates,
            t.solo, t.memory, r.flow_served, r.lane_served, r.lane_turn, r.flow_turn
-    FROM turned AS r JOIN tasks AS t ON t.id = r.id
-    -- looked up by id (the range is walked already; a join let the planner walk it again)
-    WHERE t.id = ANY(ARRAY(SELECT id FROM turned))
-      -- as it was read, once locked (a claim may have leased it, a sweep moved it meanwhile)
-      AND t.state = 'ready' AND t.tier = r.tier AND t.tag = r.tag
-      AND t.run_at <= current_setting('headrace.now')::double precision
-      AND t.gates <@ (SELECT allowed FROM edge)
+    FROM turned AS r
+    CROSS JOIN LATERAL (
+        -- the task as read, by its place in the table (a version updated since is followed
+        -- to its latest when locked): one page, no index walked per task. A task another
+        -- claim holds is left to it; one leased meanwhile is no longer ready.
+        SELECT * FROM tasks AS t
+        WHERE t.ctid = r.ctid AND t.id = r.id
+          AND t.state = 'ready'
+          AND t.run_at <= current_setting('headrace.now')::double precision
+          AND t.gates <@ (SELECT allowed FROM edge)
+        FOR UPDATE SKIP LOCKED
+    ) AS t
     ORDER BY r.tier, r.tag, r.lane_turn, r.flow_turn, r.id
     LIMIT %(take)s::integer  -- what the claim still needs
-    FOR UPDATE OF t SKIP LOCKED
 )
 SELECT e.peeked, e.last_tier, e.last_tag,
        -- the batch's gates on its first row only: decoded once, not once per task
