@@ -614,6 +614,25 @@ async def test_an_expired_lease_makes_the_task_ready_again(
     assert stats.in_flight == 0
 
 
+async def test_a_renewal_of_a_lost_lease_and_a_new_one_on_one_task_renews_the_new_one(
+    store: Store, clock: ManualClock
+) -> None:
+    """A worker whose lease ran out and that took the task again holds both leases: renewing
+    them together renews the one that holds, whichever comes first."""
+    [sub] = await store.submit([task("v")])
+    [stale] = await claim(store, lease_for=10.0)
+    clock.advance(10.0)
+    [fresh] = await claim(store, lease_for=10.0)
+    assert fresh.task.id == sub.id and fresh.token != stale.token
+    clock.advance(1.0)
+    lost, held = await store.renew([stale, fresh], lease_for=10.0)
+    assert lost is None
+    assert held is not None and held.token == fresh.token and held.until == clock.now() + 10.0
+    clock.advance(1.0)
+    held, lost = await store.renew([held, stale], lease_for=10.0)
+    assert held is not None and held.until == clock.now() + 10.0 and lost is None
+
+
 async def test_reap_releases_tickets(store: Store, clock: ManualClock) -> None:
     await store.submit([task("v", gates=("provider:video",))])
     await claim(store, lease_for=10.0)

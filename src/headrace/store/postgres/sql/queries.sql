@@ -630,8 +630,13 @@ WHERE state = 'waiting' AND run_at > %(now)s::double precision;
 -- name: renew_leases
 -- Extend leases their holders still hold (same token, not expired); lost ones return no row.
 UPDATE tasks SET lease_until = %(until)s::double precision
-WHERE id = ANY(ARRAY(SELECT unnest(%(ids)s::bigint[])))  -- by key, tokens by position
-  AND lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], id)]
+WHERE id = ANY(ARRAY(SELECT unnest(%(ids)s::bigint[])))  -- by key
+  -- a lease is its task and its token, side by side in the arrays: a worker may hold an
+  -- expired lease and a new one on the same task, and renews the one that holds
+  AND EXISTS (
+      SELECT FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS l (id, token)
+      WHERE l.id = tasks.id AND l.token = tasks.lease_token
+  )
   AND state IN ('running', 'waiting') AND lease_until > %(now)s::double precision
 RETURNING *;
 
