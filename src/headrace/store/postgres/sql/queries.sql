@@ -628,15 +628,13 @@ SELECT min(run_at) AS at FROM tasks
 WHERE state = 'waiting' AND run_at > %(now)s::double precision;
 
 -- name: renew_leases
--- Extend leases their holders still hold (same token, not expired); lost ones return no row.
+-- Extend leases their holders still hold (same token, not expired); lost ones return no row. A lease is its task and its token, side by side in the arrays: a worker may hold an expired lease and a new one on the same task, and renews the one that holds.
+WITH lease AS MATERIALIZED (  -- the pairs, unnested once
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS l (id, token)
+)
 UPDATE tasks SET lease_until = %(until)s::double precision
-WHERE id = ANY(ARRAY(SELECT unnest(%(ids)s::bigint[])))  -- by key
-  -- a lease is its task and its token, side by side in the arrays: a worker may hold an
-  -- expired lease and a new one on the same task, and renews the one that holds
-  AND EXISTS (
-      SELECT FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS l (id, token)
-      WHERE l.id = tasks.id AND l.token = tasks.lease_token
-  )
+WHERE id = ANY(ARRAY(SELECT id FROM lease))  -- by key
+  AND (id, lease_token) IN (SELECT id, token FROM lease)
   AND state IN ('running', 'waiting') AND lease_until > %(now)s::double precision
 RETURNING *;
 
