@@ -3,17 +3,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from headrace.policy.clock import Clock
 from headrace.policy.errors import ConfigError
-from headrace.store.postgres import PostgresStore
-from headrace.store.postgres.connection import POSTGRES_SCHEMES
 from headrace.store.protocol.tasks import Store
+from headrace.store.schemes import MEMORY_SCHEME, POSTGRES_SCHEMES, SQLITE_SCHEME
 from headrace.store.sqlite import SQLiteStore
-from headrace.store.sqlite.connection import SQLITE_SCHEME
 
-MEMORY_SCHEME = "memory"
+if TYPE_CHECKING:
+    from headrace.store.postgres import PostgresStore
 
 __all__ = ["MEMORY_SCHEME", "POSTGRES_SCHEMES", "SQLITE_SCHEME", "open_store", "upgrade_schema"]
 
@@ -26,7 +26,7 @@ def open_store(url: str, *, clock: Clock | None = None) -> Store:
     if scheme == SQLITE_SCHEME:
         return SQLiteStore.from_url(url, clock=clock)
     if scheme in POSTGRES_SCHEMES:
-        return PostgresStore.from_url(url, clock=clock)
+        return _postgres().from_url(url, clock=clock)
     raise _unknown(url)
 
 
@@ -35,12 +35,20 @@ async def upgrade_schema(url: str) -> tuple[int, int]:
     (what `headrace db upgrade` prints)."""
     scheme = urlsplit(url).scheme
     if scheme in POSTGRES_SCHEMES:
-        return await PostgresStore.from_url(url).upgrade()
+        return await _postgres().from_url(url).upgrade()
     if scheme == SQLITE_SCHEME:
         return await SQLiteStore.from_url(url).upgrade()
     if scheme == MEMORY_SCHEME:
         raise ConfigError("store url: memory:// keeps no schema to upgrade")
     raise _unknown(url)
+
+
+def _postgres() -> type[PostgresStore]:
+    """The PostgreSQL store, imported when a URL names it: psycopg and its compiled driver
+    (about 10 MiB) stay out of processes that run on SQLite."""
+    from headrace.store.postgres import PostgresStore
+
+    return PostgresStore
 
 
 def _unknown(url: str) -> ConfigError:

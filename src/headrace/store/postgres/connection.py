@@ -26,12 +26,12 @@ from headrace.policy.errors import (
     StoreUnavailable,
 )
 from headrace.store.machine import Json, sql
+from headrace.store.schemes import POSTGRES_SCHEMES
 
 T = TypeVar("T")
 Connection = psycopg.AsyncConnection[DictRow]
 Queries = Mapping[str, sql.Query]
 
-POSTGRES_SCHEMES = ("postgresql", "postgres")
 QUERIES = "postgres/sql/queries.sql"
 MIGRATIONS = "postgres/sql/migrations"
 URL_OPTIONS = ("schema", "pool_min", "pool_max", "durable_claims", "idle_in_transaction")

@@ -15,10 +15,10 @@ from urllib.parse import unquote, urlsplit
 
 from headrace.policy.errors import ConfigError, SchemaTooNew, StoreError
 from headrace.store.machine import Json, sql
+from headrace.store.schemes import SQLITE_SCHEME
 
 T = TypeVar("T")
 
-SQLITE_SCHEME = "sqlite"
 QUERIES = "sqlite/sql/queries.sql"
 MIGRATIONS = "sqlite/sql/migrations"
 # RETURNING (3.35) and json_each; every supported Python ships a newer SQLite.
